@@ -1,0 +1,5 @@
+import sys
+
+from andrea.cli import main
+
+sys.exit(main())

@@ -1,0 +1,143 @@
+"""Model configuration, the family presets, and parameter accounting from the config alone."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from andrea.errors import AndreaError
+
+POSITION_SCHEMES = ("learned", "sinusoidal", "rope", "none")
+NORMS = ("layernorm", "rmsnorm")
+ACTIVATIONS = ("relu2", "relu", "gelu")
+N_SPECIAL = 257  # ids 0-255 are bytes, 256 is BOS; segments start at 257
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int = 2305
+    n_embd: int = 384
+    n_head: int = 12
+    n_layer: int = 6
+    block_size: int = 1024
+    pos: str = "learned"
+    norm: str = "layernorm"
+    act: str = "relu2"
+
+    def __post_init__(self):
+        for name in ("vocab_size", "n_embd", "n_head", "n_layer", "block_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise AndreaError(f"config field {name} must be a positive integer, got {value!r}.")
+        if self.vocab_size < N_SPECIAL:
+            raise AndreaError(f"vocab_size must be at least {N_SPECIAL} (256 bytes + BOS), got {self.vocab_size}.")
+        if self.n_embd % self.n_head:
+            raise AndreaError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head}).")
+        if self.pos == "rope" and self.head_dim % 2:
+            raise AndreaError(f"rope needs an even head size, got {self.head_dim}.")
+        for name, allowed in (("pos", POSITION_SCHEMES), ("norm", NORMS), ("act", ACTIVATIONS)):
+            if getattr(self, name) not in allowed:
+                raise AndreaError(f"config field {name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}.")
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def n_segments(self) -> int:
+        return self.vocab_size - N_SPECIAL
+
+    def replace(self, **changes) -> "ModelConfig":
+        return ModelConfig(**{**asdict(self), **changes})
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ModelConfig":
+        if not isinstance(data, dict):
+            raise AndreaError(f"a model config must be a JSON object, got {type(data).__name__}.")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise AndreaError(f"unknown model config field(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}.")
+        return cls(**data)
+
+    def save(self, path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path) -> "ModelConfig":
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise AndreaError(f"config file {path} does not exist.") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise AndreaError(f"config file {path} is not valid JSON ({e}).") from None
+        return cls.from_dict(data)
+
+
+PRESETS: dict[str, ModelConfig] = {
+    # the family, as specified
+    "andrea-12m": ModelConfig(vocab_size=2305, n_embd=384, n_head=12, n_layer=6, block_size=1024),
+    "andrea-120m": ModelConfig(vocab_size=8449, n_embd=768, n_head=12, n_layer=12, block_size=1024),
+    "andrea-480m": ModelConfig(vocab_size=8449, n_embd=1536, n_head=24, n_layer=16, block_size=1024),
+    # small models for CPU work: the main job and the experiments
+    "andrea-cpu": ModelConfig(vocab_size=2305, n_embd=256, n_head=8, n_layer=4, block_size=256),
+    "andrea-tiny": ModelConfig(vocab_size=2305, n_embd=128, n_head=4, n_layer=2, block_size=128),
+}
+
+
+def get_preset(name: str) -> ModelConfig:
+    if name not in PRESETS:
+        raise AndreaError(f"unknown preset {name!r}; known presets: {', '.join(PRESETS)}.")
+    return PRESETS[name]
+
+
+def resolve_config(preset: str | None = None, config: str | None = None) -> ModelConfig:
+    """The config a command asked for: a JSON file, else a preset, else andrea-12m."""
+    if preset and config:
+        raise AndreaError("give either --preset or --config, not both.")
+    if config:
+        return ModelConfig.load(config)
+    return get_preset(preset or "andrea-12m")
+
+
+# ---------------------------------------------------------------- parameter accounting
+
+
+@dataclass(frozen=True)
+class ParamRow:
+    name: str
+    shape: str
+    count: int
+
+
+def norm_params(cfg: ModelConfig) -> int:
+    """Parameters of one norm layer: weight and bias for LayerNorm, weight only for RMSNorm."""
+    return 2 * cfg.n_embd if cfg.norm == "layernorm" else cfg.n_embd
+
+
+def param_rows(cfg: ModelConfig) -> list[ParamRow]:
+    """Where every parameter lives, computed from the config alone (no model is built)."""
+    d, V, T, L = cfg.n_embd, cfg.vocab_size, cfg.block_size, cfg.n_layer
+    wte = V * d
+    wpe = T * d if cfg.pos == "learned" else 0
+    rows = [
+        ParamRow("token embedding (wte)", f"{V:,} × {d:,}", wte),
+        ParamRow("position embedding (wpe)", f"{T:,} × {d:,}" if wpe else f"none ({cfg.pos})", wpe),
+        ParamRow("embedding layer (wte + wpe)", "", wte + wpe),
+        ParamRow("attention (wq, wk, wv, wo)", f"{L} × 4 × {d:,} × {d:,}", L * 4 * d * d),
+        ParamRow("MLP (fc1, fc2)", f"{L} × 2 × {4 * d:,} × {d:,}", L * 8 * d * d),
+        ParamRow(f"norms ({cfg.norm})", f"{2 * L + 1} × {norm_params(cfg) // d} × {d:,}", (2 * L + 1) * norm_params(cfg)),
+        ParamRow("output head (lm_head)", f"{V:,} × {d:,}", V * d),
+    ]
+    total = wte + wpe + L * 12 * d * d + (2 * L + 1) * norm_params(cfg) + V * d
+    rows.append(ParamRow("total", "", total))
+    return rows
+
+
+def count_params(cfg: ModelConfig) -> int:
+    return param_rows(cfg)[-1].count

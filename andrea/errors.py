@@ -1,0 +1,11 @@
+"""The one exception type a user can cause.
+
+Anything the user can get wrong (a bad path, a corrupt file, an id out of range) raises
+`AndreaError` with one sentence that says what was expected and what was found. The CLI prints
+that sentence and exits with status 2; library callers can catch it like any exception.
+`AndreaError` subclasses `ValueError`, so code that checks for `ValueError` keeps working.
+"""
+
+
+class AndreaError(ValueError):
+    pass
