@@ -1,23 +1,8 @@
-"""The `andrea` command. Thin: it parses arguments and calls the library.
-
-Every command is a function `cmd_NAME(args) -> int`; `main` turns any error a user can cause
-(`AndreaError`, a missing file, Ctrl-C) into one sentence on stderr and a non-zero exit.
-"""
+"""`andrea params` and `andrea presets`: parameter accounting from the config alone."""
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
-
-from andrea.errors import AndreaError
-
-
-def print_json(obj) -> None:
-    print(json.dumps(obj, indent=2, ensure_ascii=False))
-
-
-# ---------------------------------------------------------------- andrea params
+from andrea.cli.common import print_json
 
 
 def cmd_params(args) -> int:
@@ -45,7 +30,7 @@ def cmd_params(args) -> int:
     return 0
 
 
-def add_params_parser(sub) -> None:
+def _add_params(sub) -> None:
     p = sub.add_parser("params", help="where every parameter lives (arithmetic from the config alone)",
                        description="Print the shape, count and share of every parameter group: token embedding, "
                                    "position embedding, their sum, attention, MLP, norms, output head and total.")
@@ -67,64 +52,14 @@ def cmd_presets(args) -> int:
     return 0
 
 
-def add_presets_parser(sub) -> None:
+def _add_presets(sub) -> None:
     p = sub.add_parser("presets", help="list the model presets")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_presets)
 
 
-# ---------------------------------------------------------------- andrea main
 
 
-def cmd_main(args) -> int:
-    from andrea.config import PRESETS
-
-    for name in PRESETS:
-        cmd_params(argparse.Namespace(preset=name, config=None, json=False))
-        print()
-    return 0
-
-
-def add_main_parser(sub) -> None:
-    p = sub.add_parser("main", help="the main job: the parameter accounting of every preset")
-    p.set_defaults(func=cmd_main)
-
-
-# ---------------------------------------------------------------- entry point
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="andrea",
-        description="Grow, run and understand ANDREA small language models on hardware you own.",
-    )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for add in (add_main_parser, add_params_parser, add_presets_parser):
-        add(sub)
-    return parser
-
-
-
-
-def main(argv=None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
-    try:
-        return args.func(args) or 0
-    except AndreaError as e:
-        print(f"andrea: error: {e}", file=sys.stderr)
-        return 2
-    except FileNotFoundError as e:
-        print(f"andrea: error: {e.filename or e} does not exist.", file=sys.stderr)
-        return 2
-    except PermissionError as e:
-        print(f"andrea: error: permission denied for {e.filename or e}.", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("andrea: interrupted.", file=sys.stderr)
-        return 130
-    except BrokenPipeError:
-        return 0
+def register(sub) -> None:
+    _add_params(sub)
+    _add_presets(sub)

@@ -1,0 +1,57 @@
+"""The `andrea` command. Thin: it parses arguments and calls the library.
+
+One module per command group in this package; each has `register(sub)` that adds its
+subcommands, and each subcommand is a function `cmd_NAME(args) -> int`. `main` turns any error a
+user can cause (`AndreaError`, a missing file, Ctrl-C) into one sentence on stderr and a non-zero
+exit, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from andrea.errors import AndreaError
+
+# command modules, in the order their commands appear in --help
+COMMAND_MODULES = [
+    "andrea.cli.main",
+    "andrea.cli.params",
+    "andrea.cli.data",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="andrea",
+        description="Grow, run and understand ANDREA small language models on hardware you own.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return args.func(args) or 0
+    except AndreaError as e:
+        print(f"andrea: error: {e}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as e:
+        print(f"andrea: error: {e.filename or e} does not exist.", file=sys.stderr)
+        return 2
+    except PermissionError as e:
+        print(f"andrea: error: permission denied for {e.filename or e}.", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("andrea: interrupted.", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0

