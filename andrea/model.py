@@ -45,6 +45,14 @@ class KVCache:
     def reset(self) -> None:
         self.length = 0
 
+    def check_fits(self, ids: torch.Tensor) -> None:
+        """Raise a ValueError naming the cache's size when ids do not fit in it."""
+        B, T = ids.shape
+        if B != self.k.shape[1]:
+            raise AndreaError(f"the KV cache was made for batch size {self.k.shape[1]}, got a batch of {B}.")
+        if self.length + T > self.max_len:
+            raise AndreaError(f"the KV cache holds {self.max_len} positions: {self.length} are filled and {T} more do not fit.")
+
 
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
@@ -170,6 +178,8 @@ class ANDREA(nn.Module):
         """Logits (B, T, V) and, with targets, the mean cross-entropy over all positions."""
         start = cache.length if cache is not None else 0
         self.check_ids(ids, start)
+        if cache is not None:
+            cache.check_fits(ids)
         x = self.embed(ids, start)
         for i, block in enumerate(self.h):
             x = block(x, self.rope, cache, i)
