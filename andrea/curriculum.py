@@ -1,0 +1,318 @@
+"""The curriculum: a UCB1 bandit that decides which named data source the next batch comes from.
+
+Each source k keeps a loss EMA and a reward tally. After a step on k with loss `loss_k`:
+
+    reward_k = max(0, EMA_k(before) - loss_k) * 1000      (the first observation has reward 0)
+    EMA_k    = 0.9 * EMA_k + 0.1 * loss_k                 (the first observation sets EMA_k = loss_k)
+    UCB(k)   = mean_reward(k) + C * sqrt(ln N / n_k)      (N pulls in all, n_k of k; unpulled: +inf)
+
+A source whose loss is still falling earns reward; one the model has learned earns none, and the
+exploration term slowly brings it back. The scores become sampling weights only at re-rolls,
+spaced by a seeded random interval (uniform integer in `reroll`, default 7..42 steps):
+
+1. Open sources: during warm-up (step < warmup_steps) only `warmup_sources`; otherwise all.
+   Closed sources have weight 0, and the weights are re-rolled at once when the open set changes.
+2. Raw weights are proportional to UCB over the open sources (scale-free: rewards are x1000 and
+   their size depends on the data, so a softmax temperature would need retuning per corpus).
+   While an open source is unpulled, or when every score is 0, the raw weights are uniform.
+3. Floors and caps, by clamp-and-redistribute: scale the free sources' raw weights to fill the
+   mass the clamped ones leave; if some free weights exceed their caps by `excess` in total and
+   others fall short of their floors by `deficit`, clamp the cap-breakers when excess >= deficit,
+   else the floor-breakers; repeat. Each round clamps at least one source, and the remaining
+   problem stays feasible (floors of the free sources <= free mass <= their caps), so it ends
+   within len(sources) rounds with every floor and cap held and the weights summing to 1.
+   Feasibility is checked up front: floors must sum to <= 1 <= caps, over all sources and over
+   the warm-up sources.
+
+Each step's source is then drawn from the weights by inverse CDF on one seeded `random.Random`
+(which also draws the re-roll intervals), except that in `ucb` mode an open, unpulled source
+with a non-zero weight is pulled first (UCB1's initial round; UCB is infinite there).
+`uniform` mode keeps the same interface and schedule but samples uniformly over the open
+sources, ignoring rewards, floors and caps: the baseline the bandit is compared against.
+
+`state_dict()` is plain JSON (statistics, weights, RNG state, history); loading it into a
+Curriculum built with the same sources continues the identical schedule.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from bisect import bisect_right
+from itertools import accumulate
+
+from andrea.errors import AndreaError
+
+EMA_ALPHA = 0.1
+REWARD_SCALE = 1000.0
+DEFAULT_C = math.sqrt(2.0)  # UCB1's constant (Auer et al., 2002)
+DEFAULT_REROLL = (7, 42)
+MODES = ("ucb", "uniform")
+_TOL = 1e-9
+
+
+def reward_and_ema(ema: float | None, loss: float) -> tuple[float, float]:
+    """One observation: (reward, new EMA) from the EMA before it (None: no observation yet)."""
+    before = loss if ema is None else ema
+    reward = max(0.0, before - loss) * REWARD_SCALE
+    return reward, (1.0 - EMA_ALPHA) * before + EMA_ALPHA * loss
+
+
+def ucb_score(mean_reward: float, pulls: int, total_pulls: int, C: float) -> float:
+    if pulls == 0:
+        return math.inf
+    return mean_reward + C * math.sqrt(math.log(total_pulls) / pulls)
+
+
+def check_bounds(sources: list[str], floors: dict[str, float], caps: dict[str, float], what: str = "sources") -> None:
+    """Raise AndreaError unless the floors and caps over `sources` leave a weighting that sums to 1."""
+    low = sum(floors.get(s, 0.0) for s in sources)
+    high = sum(caps.get(s, 1.0) for s in sources)
+    if low > 1.0 + _TOL:
+        raise AndreaError(f"the floors of the {what} sum to {low:g}; they must sum to at most 1.")
+    if high < 1.0 - _TOL:
+        raise AndreaError(f"the caps of the {what} sum to {high:g}; they must sum to at least 1.")
+
+
+def clamp_weights(raw: dict[str, float], floors: dict[str, float], caps: dict[str, float]) -> dict[str, float]:
+    """Weights proportional to `raw` (non-negative), summing to 1, with floor <= w <= cap for each
+    key (missing floor: 0, missing cap: 1). The bounds must be feasible (see `check_bounds`)."""
+    lo = {k: floors.get(k, 0.0) for k in raw}
+    hi = {k: caps.get(k, 1.0) for k in raw}
+    fixed: dict[str, float] = {}
+    while True:
+        free = [k for k in raw if k not in fixed]
+        if not free:
+            return fixed
+        mass = max(0.0, 1.0 - sum(fixed.values()))
+        total = sum(raw[k] for k in free)
+        w = {k: mass * raw[k] / total if total > 0 else mass / len(free) for k in free}
+        over = [k for k in free if w[k] > hi[k]]
+        under = [k for k in free if w[k] < lo[k]]
+        if not over and not under:
+            return {k: fixed.get(k, w.get(k)) for k in raw}
+        excess = sum(w[k] - hi[k] for k in over)
+        deficit = sum(lo[k] - w[k] for k in under)
+        if over and excess >= deficit:
+            fixed.update({k: hi[k] for k in over})
+        else:
+            fixed.update({k: lo[k] for k in under})
+
+
+class Curriculum:
+    def __init__(self, sources: list[str], C: float = DEFAULT_C, floors: dict[str, float] | None = None,
+                 caps: dict[str, float] | None = None, warmup_sources: list[str] | tuple = (),
+                 warmup_steps: int = 0, reroll: tuple[int, int] = DEFAULT_REROLL, seed: int = 0,
+                 mode: str = "ucb"):
+        self.sources = list(sources)
+        self.C = float(C)
+        self.floors = {k: float(v) for k, v in (floors or {}).items()}
+        self.caps = {k: float(v) for k, v in (caps or {}).items()}
+        self.warmup_sources = list(warmup_sources)
+        self.warmup_steps = int(warmup_steps)
+        self.reroll = tuple(reroll)
+        self.seed = seed
+        self.mode = mode
+        self._validate()
+        n = len(self.sources)
+        self._index = {s: i for i, s in enumerate(self.sources)}
+        self._ema: list[float | None] = [None] * n
+        self._pulls = [0] * n
+        self._reward_sum = [0.0] * n
+        self._rng = random.Random(seed)
+        self._weights = [0.0] * n
+        self._open: list[str] | None = None  # the open sources when the weights were last rolled
+        self._next_reroll = 0
+        self._step = 0
+        self._rerolls: list[tuple[int, list[float]]] = []  # (step, weights) at every re-roll
+        self._history: list[tuple[int, int, float, float, int]] = []  # step, source, loss, reward, re-roll index
+
+    def _validate(self) -> None:
+        if not self.sources:
+            raise AndreaError("a curriculum needs at least one source.")
+        if len(set(self.sources)) != len(self.sources):
+            dupes = sorted({s for s in self.sources if self.sources.count(s) > 1})
+            raise AndreaError(f"source names must be unique; repeated: {', '.join(dupes)}.")
+        if self.mode not in MODES:
+            raise AndreaError(f"curriculum mode must be one of {', '.join(MODES)}, got {self.mode!r}.")
+        if not math.isfinite(self.C) or self.C < 0:
+            raise AndreaError(f"the bandit constant C must be a non-negative number, got {self.C!r}.")
+        for what, table in (("floor", self.floors), ("cap", self.caps), ("warm-up source", dict.fromkeys(self.warmup_sources))):
+            unknown = sorted(set(table) - set(self.sources))
+            if unknown:
+                raise AndreaError(f"{what} given for unknown source(s) {', '.join(unknown)}; sources: {', '.join(self.sources)}.")
+        for s in self.sources:
+            lo, hi = self.floors.get(s, 0.0), self.caps.get(s, 1.0)
+            if not (0.0 <= lo <= hi <= 1.0):
+                raise AndreaError(f"source {s} needs 0 <= floor <= cap <= 1, got floor {lo:g} and cap {hi:g}.")
+        if (len(self.reroll) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in self.reroll)
+                or not 1 <= self.reroll[0] <= self.reroll[1]):
+            raise AndreaError(f"reroll must be two integers 1 <= low <= high, got {list(self.reroll)}.")
+        if self.warmup_steps < 0:
+            raise AndreaError(f"warmup_steps must be >= 0, got {self.warmup_steps}.")
+        if self.warmup_steps > 0 and not self.warmup_sources:
+            raise AndreaError("a warm-up of more than 0 steps needs at least one warm-up source.")
+        if self.mode == "ucb":
+            check_bounds(self.sources, self.floors, self.caps)
+            if self.warmup_steps > 0:
+                check_bounds(self.warmup_sources, self.floors, self.caps, "warm-up")
+
+    # ------------------------------------------------------------ the schedule
+
+    def open_sources(self, step: int) -> list[str]:
+        if step < self.warmup_steps:
+            return [s for s in self.sources if s in self.warmup_sources]
+        return list(self.sources)
+
+    def next_source(self, step: int) -> str:
+        """The source to draw the batch of `step` from. Call `update` with its loss afterwards."""
+        self._step = step
+        open_now = self.open_sources(step)
+        if step >= self._next_reroll or open_now != self._open:
+            self._roll(step, open_now)
+        if self.mode == "ucb":
+            for s in open_now:
+                i = self._index[s]
+                if self._pulls[i] == 0 and self._weights[i] > 0:
+                    return s
+        cdf = list(accumulate(self._weights))
+        i = min(bisect_right(cdf, self._rng.random() * cdf[-1]), len(cdf) - 1)
+        while self._weights[i] == 0:  # u * total can round up to total; step back to a weighted source
+            i -= 1
+        return self.sources[i]
+
+    def _roll(self, step: int, open_now: list[str]) -> None:
+        self._weights = [0.0] * len(self.sources)
+        for s, w in self._open_weights(open_now).items():
+            self._weights[self._index[s]] = w
+        self._open = open_now
+        self._next_reroll = step + self._rng.randint(*self.reroll)
+        self._rerolls.append((step, list(self._weights)))
+
+    def _open_weights(self, open_now: list[str]) -> dict[str, float]:
+        if self.mode == "uniform":
+            return {s: 1.0 / len(open_now) for s in open_now}
+        scores = self.ucb_scores()
+        if any(math.isinf(scores[s]) for s in open_now):
+            raw = dict.fromkeys(open_now, 1.0)
+        else:
+            raw = {s: scores[s] for s in open_now}
+        return clamp_weights(raw, self.floors, self.caps)
+
+    def update(self, source: str, loss: float) -> float:
+        """Record the loss of a step on `source`; return its reward."""
+        if source not in self._index:
+            raise AndreaError(f"unknown source {source!r}; sources: {', '.join(self.sources)}.")
+        loss = float(loss)
+        if not math.isfinite(loss):
+            raise AndreaError(f"the loss of source {source} is {loss}; the curriculum needs a finite loss.")
+        i = self._index[source]
+        reward, self._ema[i] = reward_and_ema(self._ema[i], loss)
+        self._pulls[i] += 1
+        self._reward_sum[i] += reward
+        self._history.append((self._step, i, loss, reward, len(self._rerolls) - 1))
+        return reward
+
+    # ------------------------------------------------------------ what a log or a plot reads
+
+    @property
+    def weights(self) -> dict[str, float]:
+        return dict(zip(self.sources, self._weights))
+
+    @property
+    def ema(self) -> dict[str, float | None]:
+        return dict(zip(self.sources, self._ema))
+
+    @property
+    def pulls(self) -> dict[str, int]:
+        return dict(zip(self.sources, self._pulls))
+
+    def mean_rewards(self) -> dict[str, float]:
+        return {s: self._reward_sum[i] / self._pulls[i] if self._pulls[i] else 0.0 for i, s in enumerate(self.sources)}
+
+    def ucb_scores(self) -> dict[str, float]:
+        total = sum(self._pulls)
+        means = self.mean_rewards()
+        return {s: ucb_score(means[s], self._pulls[i], total, self.C) for i, s in enumerate(self.sources)}
+
+    @property
+    def rerolls(self) -> list[int]:
+        """The steps at which the weights were re-rolled."""
+        return [step for step, _ in self._rerolls]
+
+    @property
+    def history(self) -> list[dict]:
+        """One record per `update`: step, source, loss, reward and the weights the step ran under."""
+        out = []
+        for step, i, loss, reward, r in self._history:
+            weights = dict(zip(self.sources, self._rerolls[r][1])) if r >= 0 else dict.fromkeys(self.sources, 0.0)
+            out.append({"step": step, "source": self.sources[i], "loss": loss, "reward": reward, "weights": weights})
+        return out
+
+    # ------------------------------------------------------------ resume
+
+    def state_dict(self) -> dict:
+        version, internal, gauss = self._rng.getstate()
+        return {
+            "sources": list(self.sources), "mode": self.mode,
+            "ema": list(self._ema), "pulls": list(self._pulls), "reward_sum": list(self._reward_sum),
+            "weights": list(self._weights), "open": self._open, "next_reroll": self._next_reroll,
+            "step": self._step, "rng": [version, list(internal), gauss],
+            "rerolls": [[step, list(w)] for step, w in self._rerolls],
+            "history": [list(h) for h in self._history],
+        }
+
+    def load_state_dict(self, d: dict) -> None:
+        if d.get("sources") != self.sources:
+            raise AndreaError(f"curriculum state is for sources {d.get('sources')}, this run has {self.sources}.")
+        if d.get("mode") != self.mode:
+            raise AndreaError(f"curriculum state is for mode {d.get('mode')!r}, this run has {self.mode!r}.")
+        try:
+            version, internal, gauss = d["rng"]
+            self._rng.setstate((version, tuple(internal), gauss))
+            self._ema = [None if e is None else float(e) for e in d["ema"]]
+            self._pulls = [int(n) for n in d["pulls"]]
+            self._reward_sum = [float(r) for r in d["reward_sum"]]
+            self._weights = [float(w) for w in d["weights"]]
+            self._open = None if d["open"] is None else list(d["open"])
+            self._next_reroll = int(d["next_reroll"])
+            self._step = int(d["step"])
+            self._rerolls = [(int(step), [float(x) for x in w]) for step, w in d["rerolls"]]
+            self._history = [(int(s), int(i), float(l), float(r), int(k)) for s, i, l, r, k in d["history"]]
+        except (KeyError, TypeError, ValueError) as e:
+            raise AndreaError(f"curriculum state is incomplete or malformed ({e!r}).") from None
+
+
+def plot_curriculum(history: list[dict], path) -> None:
+    """A PNG with three panels over steps: cumulative pulls, rewards, and weights per source."""
+    if not history:
+        raise AndreaError("the curriculum history is empty; there is nothing to plot.")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    names = list(history[0]["weights"])
+    for h in history:
+        if h["source"] not in names:
+            names.append(h["source"])
+    steps = [h["step"] for h in history]
+    fig = Figure(figsize=(9, 8), dpi=100)
+    FigureCanvasAgg(fig)
+    ax_pulls, ax_reward, ax_weight = fig.subplots(3, 1, sharex=True)
+    for name in names:
+        counts, n = [], 0
+        for h in history:
+            n += h["source"] == name
+            counts.append(n)
+        line, = ax_pulls.plot(steps, counts, label=name)
+        mine = [(h["step"], h["reward"]) for h in history if h["source"] == name]
+        ax_reward.plot([s for s, _ in mine], [r for _, r in mine], ".", ms=3, color=line.get_color())
+        ax_weight.step(steps, [h["weights"].get(name, 0.0) for h in history], where="post", color=line.get_color())
+    ax_pulls.set_ylabel("pulls (cumulative)")
+    ax_pulls.legend(loc="upper left", fontsize="small")
+    ax_reward.set_ylabel("reward")
+    ax_weight.set_ylabel("weight")
+    ax_weight.set_ylim(0, 1)
+    ax_weight.set_xlabel("step")
+    ax_pulls.set_title("curriculum: which source each step drew from")
+    fig.tight_layout()
+    fig.savefig(path, format="png")
