@@ -1,21 +1,37 @@
-"""`andrea main`: the main job."""
+"""`andrea main`: the main job, from nothing to a trained model and its samples."""
 
 from __future__ import annotations
 
-import argparse
-
-from andrea.cli.params import cmd_params
-
 
 def cmd_main(args) -> int:
-    from andrea.config import PRESETS
+    from andrea.pipeline import MainJob, run_main_job
 
-    for name in PRESETS:
-        cmd_params(argparse.Namespace(preset=name, config=None, json=False))
-        print()
+    job = MainJob(preset=args.preset, minutes=args.minutes, out=args.out, sampling=args.sampling, seed=args.seed)
+    summary = run_main_job(job)
+    print()
+    print(f"validation bits per byte: {summary['val_bpb']:.4f}  ("
+          + ", ".join(f"{n} {v:.3f}" for n, v in summary["val_bpb_by_source"].items()) + ")")
+    mfu = f", MFU {100 * summary['mfu']:.1f}%" if summary["mfu"] is not None else ""
+    print(f"trained {summary['steps']:,} steps in {summary['train_seconds'] / 60:.1f} min at "
+          f"{summary['tokens_per_s']:,.0f} tokens/s{mfu}")
+    print("samples:")
+    for s in summary["samples"]:
+        print("  " + s.replace("\n", "\n  "))
+    print(f"checkpoint: {summary['checkpoint']}")
+    print(f"try: andrea generate --checkpoint {summary['checkpoint']} --prompt 'The'")
     return 0
 
 
 def register(sub) -> None:
-    p = sub.add_parser("main", help="the main job: the parameter accounting of every preset")
+    p = sub.add_parser("main", help="the main job: fetch the corpus, fit the tokenizer, train a CPU model, sample",
+                       description="Fetch the default corpus (cached), fit the Harris tokenizer on a sample drawn with "
+                                   "equal weight per source (cached), tokenize it into shards (cached), train a "
+                                   "CPU-sized model with the UCB1 curriculum for a bounded time, then print validation "
+                                   "bits per byte, a few samples and where the checkpoint is.")
+    p.add_argument("--preset", default="andrea-cpu", help="model preset (default andrea-cpu)")
+    p.add_argument("--minutes", type=float, default=15.0, help="minutes of training (default 15)")
+    p.add_argument("--out", help="the run folder (default runs/main-<date>-<time>)")
+    p.add_argument("--sampling", default="ucb", choices=["ucb", "uniform", "proportional"],
+                   help="how each step's source is chosen (default: the UCB1 curriculum)")
+    p.add_argument("--seed", type=int, default=1337, help="seed of everything random (default 1337)")
     p.set_defaults(func=cmd_main)
