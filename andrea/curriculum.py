@@ -30,8 +30,8 @@ with a non-zero weight is pulled first (UCB1's initial round; UCB is infinite th
 `uniform` mode keeps the same interface and schedule but samples uniformly over the open
 sources, ignoring rewards, floors and caps: the baseline the bandit is compared against.
 
-`state_dict()` is plain JSON (statistics, weights, RNG state, history); loading it into a
-Curriculum built with the same sources continues the identical schedule.
+`state_dict()` is plain JSON (statistics, weights, RNG state, history: about 50 bytes a step);
+loading it into a Curriculum built with the same arguments continues the identical schedule.
 """
 
 from __future__ import annotations
