@@ -86,7 +86,7 @@ def clamp_weights(raw: dict[str, float], floors: dict[str, float], caps: dict[st
             return fixed
         mass = max(0.0, 1.0 - sum(fixed.values()))
         total = sum(raw[k] for k in free)
-        w = {k: mass * raw[k] / total if total > 0 else mass / len(free) for k in free}
+        w = {k: mass * (raw[k] / total) if total > 0 else mass / len(free) for k in free}  # share first: no underflow
         over = [k for k in free if w[k] > hi[k]]
         under = [k for k in free if w[k] < lo[k]]
         if not over and not under:
