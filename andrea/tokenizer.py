@@ -1,0 +1,592 @@
+"""The Harris tokenizer: a fixed alphabet of segments found by successor variety.
+
+Zellig Harris (1955): count, over a corpus, how many distinct letters follow each prefix of a
+word. Inside a morpheme few letters can follow (`believ` -> e, i, a); at a boundary many can
+(`un` -> a, b, c, d, ...). The peaks of that count mark boundaries, and the segments between
+boundaries that recur most are the vocabulary. No merges and no labels: this is not BPE.
+
+Vocabulary (V = N + 257):
+    0..255       raw bytes, the fallback that lets any text round-trip
+    256          BOS: starts every document, and ends generation
+    257..256+N   the segments, in the order of harris_segments.json
+
+Encoding rule, in full:
+    1. Split the text into words with WORD_PATTERN: a run of letters, of digits or of other
+       symbols, each with at most one leading space; a run of whitespace (whose last space goes to
+       the word after it, so " the" is one word); or an English contraction ('s 't 're 've 'm 'll
+       'd). The words concatenate back to the text exactly.
+    2. Encode each word left to right: at each position take the longest segment that starts
+       there; where none does, take the UTF-8 bytes of one character (a lone surrogate as its
+       three 'surrogatepass' bytes, so every Python string round-trips).
+    Segments never span two words, and the ids depend only on the text and the segment list.
+Decoding joins the tokens' bytes and reads them as UTF-8 with 'surrogatepass'. A byte sequence
+that encode never produces (a model can emit one) decodes each invalid stretch to U+FFFD.
+
+Training, in full (HarrisTokenizer.train):
+    1. Count the words of the corpus; a document may carry a weight (how much it counts).
+    2. Successor variety SV(p) of every prefix p of the lowercase letter words: how many distinct
+       letters, or the end of the word, follow p. Predecessor variety PV(s) is the same count
+       read right to left: how many distinct letters, or the start, precede the suffix s.
+    3. A word has a boundary after position i where SV of its prefix, or PV of its suffix, peaks
+       there (rises into i and does not rise after it: Hafer and Weiss's peak criterion). Its
+       start and end are boundaries by definition.
+    4. Candidates: each piece between two boundaries of a word (the first piece keeps the word's
+       leading space), whole words included, counted over the corpus. A candidate is two bytes or
+       more (one byte is already a token) and occurs at least `min_count` times.
+    5. Keep the N candidates that save the most tokens: first by count x (bytes - 1), then a few
+       rounds that encode the corpus's words with the current set and swap segments that save
+       little for candidates that would save more.
+"""
+
+from __future__ import annotations
+
+import codecs
+import gzip
+import hashlib
+import json
+import multiprocessing
+import os
+import re
+from array import array
+from collections import Counter
+from itertools import chain
+from pathlib import Path
+
+from andrea.errors import AndreaError
+
+BOS = 256
+FIRST_SEGMENT = 257  # id of segment 0
+
+WORD_PATTERN = r"'(?:[sdmt]|ll|ve|re)| ?[^\W\d_]+| ?\d+| ?[^\s\w]+|_+|\s+(?!\S)|\s+"
+WORD_RE = re.compile(WORD_PATTERN)
+LETTER_WORD_RE = re.compile(r"( ?)([^\W\d_]+)")  # a word of letters, with its leading space apart
+
+SEGMENTS_FILE = "harris_segments.json"
+META_FILE = "tokenizer.json"
+WORDS_FILE = "harris_words.txt.gz"  # the word types the successor-variety statistics count
+FORMAT = "andrea-harris-tokenizer"
+
+PARALLEL_CHARS = 4_000_000  # below this, starting worker processes costs more than it saves
+CACHE_LIMIT = 1_000_000  # words remembered by encode before the cache starts over
+
+
+def _surrogatepass_or_replace(err: UnicodeDecodeError):
+    """Decode error handler: lone surrogates come back (encode writes them with 'surrogatepass');
+    any other invalid stretch, which only a model's output can hold, becomes U+FFFD."""
+    if not isinstance(err, UnicodeDecodeError):
+        raise err
+    b = err.object[err.start : err.start + 3]
+    if len(b) == 3 and b[0] == 0xED and 0xA0 <= b[1] <= 0xBF and 0x80 <= b[2] <= 0xBF:
+        return chr(0xD000 | (b[1] & 0x3F) << 6 | (b[2] & 0x3F)), err.start + 3
+    return "\ufffd", err.end
+
+
+codecs.register_error("andrea.harris", _surrogatepass_or_replace)
+
+
+def _utf8(s: str) -> bytes:
+    return s.encode("utf-8", "surrogatepass")
+
+
+def _has_surrogate(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+        return False
+    except UnicodeEncodeError:
+        return True
+
+
+# ---------------------------------------------------------------- successor variety
+
+
+class SuccessorVariety:
+    """Harris's statistics over a list of word types (lowercase letter words).
+
+    SV(p): distinct letters, or end of word, that follow the prefix p among the types.
+    PV(s): distinct letters, or start of word, that precede the suffix s.
+    """
+
+    END = "\0"  # marks the end (in SV) or the start (in PV) of a word
+
+    def __init__(self, words):
+        self.words = sorted(set(words))
+        e = self.END
+        # every prefix of every word+END, each once; SV(p) is how many of them extend p by one
+        prefixes = {x[:i] for x in (w + e for w in self.words) for i in range(1, len(x) + 1)}
+        suffixes = {x[i:] for x in (e + w for w in self.words) for i in range(len(x))}
+        self.sv = Counter(p[:-1] for p in prefixes)
+        self.pv = Counter(s[1:] for s in suffixes)
+
+    def boundaries(self, word: str) -> list[int]:
+        """Inner positions i (0 < i < len) where SV(word[:i]) or PV(word[i:]) peaks."""
+        n = len(word)
+        sv = [self.sv[word[:i]] for i in range(n + 1)]
+        pv = [self.pv[word[i:]] for i in range(n + 1)]
+        return [i for i in range(1, n) if sv[i - 1] < sv[i] >= sv[i + 1] or pv[i + 1] < pv[i] >= pv[i - 1]]
+
+    def profile(self, word: str) -> list[tuple[str, int, int]]:
+        """(prefix, SV of the prefix, PV of the rest) for every split point 0..len(word)."""
+        return [(word[:i], self.sv[word[:i]], self.pv[word[i:]]) for i in range(len(word) + 1)]
+
+
+def letter_word_counts(word_counts) -> Counter:
+    """Lowercase letter words (the leading space dropped) with their counts."""
+    out = Counter()
+    for w, k in word_counts.items():
+        m = LETTER_WORD_RE.fullmatch(w)
+        if m:
+            out[m.group(2).lower()] += k
+    return out
+
+
+# ---------------------------------------------------------------- counting words
+
+
+def _count_chunk(texts) -> Counter:
+    counts = Counter()
+    for t in texts:
+        counts.update(WORD_RE.findall(t))
+    return counts
+
+
+def _chunks(items, n_chunks):
+    """Consecutive slices of about equal total length (documents keep their order)."""
+    total = sum(map(len, items)) or 1
+    out, cur, size = [], [], 0
+    for it in items:
+        cur.append(it)
+        size += len(it)
+        if size >= total / n_chunks:
+            out.append(cur)
+            cur, size = [], 0
+    if cur:
+        out.append(cur)
+    return out
+
+
+def _can_fork() -> bool:
+    return "fork" in multiprocessing.get_all_start_methods()
+
+
+def _fork_pool(workers):
+    # fork gives every worker the parent's memory (the tokenizer and its warm cache) for free
+    return multiprocessing.get_context("fork").Pool(workers)
+
+
+def count_words(texts, weights=None, workers=None, progress=False) -> Counter:
+    """How often each word (in the sense of WORD_PATTERN) occurs; with weights, document i counts
+    weights[i] times. Large inputs are counted on several processes."""
+    from tqdm import tqdm
+
+    texts = list(texts)
+    if weights is None:
+        groups = {1: texts}
+    else:
+        weights = list(weights)
+        if len(weights) != len(texts):
+            raise AndreaError(f"got {len(weights)} weights for {len(texts)} documents; give one weight per document.")
+        groups = {}
+        for t, w in zip(texts, weights):
+            if not w >= 0:
+                raise AndreaError(f"document weights must be non-negative numbers, got {w!r}.")
+            groups.setdefault(w, []).append(t)
+    size = sum(map(len, texts))
+    workers = workers or min(os.cpu_count() or 1, 8)
+    total = Counter()
+    bar = tqdm(total=size, unit="B", unit_scale=True, desc="counting words", disable=not progress)
+    for weight, group in groups.items():
+        if weight == 0:
+            continue
+        n_chunks = max(1, min(4 * workers, len(group)))
+        chunks = _chunks(group, n_chunks if size >= PARALLEL_CHARS else 1)
+        counts = Counter()
+        if workers > 1 and len(chunks) > 1 and _can_fork():
+            with _fork_pool(workers) as pool:
+                for chunk, c in zip(chunks, pool.imap(_count_chunk, chunks)):
+                    counts.update(c)
+                    bar.update(sum(map(len, chunk)))
+        else:
+            for chunk in chunks:
+                counts.update(_count_chunk(chunk))
+                bar.update(sum(map(len, chunk)))
+        if weight == 1:
+            total.update(counts)
+        else:
+            for w, k in counts.items():
+                total[w] += k * weight
+    bar.close()
+    return total
+
+
+# ---------------------------------------------------------------- choosing the segments
+
+
+def candidate_counts(word_counts, stats: SuccessorVariety) -> Counter:
+    """Every piece between two boundaries of every word, counted (whole words included)."""
+    cands = Counter()
+    cuts_of = {}  # boundaries of each lowercase word, found once
+    for w, k in word_counts.items():
+        cands[w] += k
+        m = LETTER_WORD_RE.fullmatch(w)
+        if not m:
+            continue  # digits, symbols and whitespace: only whole words
+        space, core = m.groups()
+        low = core.lower()
+        if len(low) != len(core):
+            continue  # lowercasing changed the length (rare letters): positions would not line up
+        cuts = cuts_of.get(low)
+        if cuts is None:
+            cuts = cuts_of[low] = [0, *stats.boundaries(low), len(low)]
+        for a, i in enumerate(cuts):
+            for j in cuts[a + 1 :]:
+                if 0 < j - i < len(core):  # the whole word is counted above
+                    cands[(space if i == 0 else "") + core[i:j]] += k  # the first piece keeps the space
+    return cands
+
+
+def _greedy(word: str, segs, max_len: int):
+    """The pieces the encoding rule cuts `word` into: segments, or single characters (bytes)."""
+    i, n = 0, len(word)
+    while i < n:
+        for j in range(min(n, i + max_len), i + 1, -1):
+            if word[i:j] in segs:
+                yield word[i:j]
+                i = j
+                break
+        else:
+            yield word[i]
+            i += 1
+
+
+def _cost(word: str, segs, max_len: int) -> int:
+    """Tokens the encoding rule spends on `word`."""
+    return sum(1 if p in segs else len(_utf8(p)) for p in _greedy(word, segs, max_len))
+
+
+def _usage(word_counts, segs) -> Counter:
+    """How often each segment is used when the corpus's words are encoded with segs."""
+    max_len = max(map(len, segs))
+    use = Counter()
+    for w, k in word_counts.items():
+        if w in segs:  # most of the corpus: a word that is one segment
+            use[w] += k
+        else:
+            for p in _greedy(w, segs, max_len):
+                use[p] += k
+    return use
+
+
+def select_segments(cands: Counter, word_counts, n: int, start: float = 2.0, keep: float = 0.75,
+                    progress=False) -> list[str]:
+    """The n candidates that save the most tokens on the corpus's words, most used first.
+
+    Start from the start*n candidates with the most bytes to save (count x (bytes - 1)), then
+    prune: encode the corpus's words with the current set, score each segment by the tokens the
+    corpus would spend without it (its uses x (tokens of its text without it - 1)) and keep the
+    best `keep` share, until n remain. A candidate that longer segments always pre-empt is never
+    used and goes first; scores are exact for one removal at a time, hence the gentle steps.
+    """
+    from tqdm import tqdm
+
+    saving = {s: k * (len(_utf8(s)) - 1) for s, k in cands.items()}
+    chosen = set(sorted(saving, key=lambda s: (-saving[s], s))[: max(n, int(start * n))])
+    bar = tqdm(total=len(chosen) - n, desc="pruning segments", disable=not progress)
+    while True:
+        use = _usage(word_counts, chosen)
+        if len(chosen) == n:
+            break
+        max_len = max(map(len, chosen))
+        loss = {}
+        for s in chosen:
+            chosen.discard(s)
+            loss[s] = use[s] * (_cost(s, chosen, max_len) - 1)
+            chosen.add(s)
+        size = max(n, int(len(chosen) * keep))
+        bar.update(len(chosen) - size)
+        chosen = set(sorted(chosen, key=lambda s: (-loss[s], s))[:size])
+    bar.close()
+    # ids in order of use, most used first (ties by text), so the list reads like a frequency list
+    return sorted(chosen, key=lambda s: (-use[s], s))
+
+
+# ---------------------------------------------------------------- the tokenizer
+
+
+class _WordCache(dict):
+    """word -> its ids; a miss encodes the word once (so a repeated word costs one lookup)."""
+
+    def __init__(self, encode_word):
+        super().__init__()
+        self.encode_word = encode_word
+
+    def __missing__(self, word):
+        if len(self) >= CACHE_LIMIT:
+            self.clear()
+        ids = self[word] = self.encode_word(word)
+        return ids
+
+
+def _check_segments(segments, where: str) -> list[str]:
+    if not isinstance(segments, list) or not all(isinstance(s, str) for s in segments):
+        raise AndreaError(f"{where} is not a JSON list of segment strings.")
+    seen = {}
+    for i, s in enumerate(segments):
+        if not s:
+            raise AndreaError(f"{where} has an empty segment at index {i}.")
+        if s in seen:
+            raise AndreaError(f"{where} lists the segment {s!r} twice (indexes {seen[s]} and {i}).")
+        seen[s] = i
+    return segments
+
+
+class HarrisTokenizer:
+    BOS = BOS
+
+    def __init__(self, segments, meta: dict | None = None, words=None):
+        self.segments = _check_segments(list(segments), "the segment list")
+        self.meta = dict(meta or {})
+        self._words = words  # the word types behind the SV statistics, when known
+        self._stats = None
+        self._ids = {s: FIRST_SEGMENT + i for i, s in enumerate(self.segments)}
+        self._bytes = [bytes([b]) for b in range(256)] + [b""] + [_utf8(s) for s in self.segments]
+        self._max_len = max(map(len, self.segments), default=1)
+        self._cache = _WordCache(self._encode_word)
+
+    # ---- sizes and labels
+
+    @property
+    def n_segments(self) -> int:
+        return len(self.segments)
+
+    @property
+    def vocab_size(self) -> int:
+        return FIRST_SEGMENT + len(self.segments)
+
+    def _check_id(self, i) -> int:
+        if isinstance(i, bool) or not hasattr(i, "__index__") or not 0 <= i.__index__() < self.vocab_size:
+            raise AndreaError(f"token id {i!r} is out of range: this tokenizer has ids 0 to {self.vocab_size - 1}.")
+        return i.__index__()
+
+    def token_bytes(self, i) -> bytes:
+        """The raw bytes token i stands for (b'' for BOS)."""
+        return self._bytes[self._check_id(i)]
+
+    def id_to_piece(self, i) -> str:
+        """A readable label: the segment itself, <0xNN> for a byte, <BOS>."""
+        i = self._check_id(i)
+        if i < 256:
+            return f"<0x{i:02X}>"
+        if i == BOS:
+            return "<BOS>"
+        return self.segments[i - FIRST_SEGMENT]
+
+    def fingerprint(self) -> str:
+        """sha256 of the segment list: equal fingerprints, equal encodings."""
+        return hashlib.sha256(json.dumps(self.segments, ensure_ascii=True, separators=(",", ":")).encode()).hexdigest()
+
+    # ---- encoding
+
+    def _encode_word(self, word: str) -> tuple[int, ...]:
+        ids = []
+        get, i, n = self._ids.get, 0, len(word)
+        while i < n:
+            for j in range(min(n, i + self._max_len), i, -1):
+                t = get(word[i:j])
+                if t is not None:
+                    ids.append(t)
+                    i = j
+                    break
+            else:
+                ids.extend(_utf8(word[i]))
+                i += 1
+        return tuple(ids)
+
+    def encode(self, text: str, bos: bool = True) -> list[int]:
+        """Ids of text under the encoding rule (module docstring), after BOS when bos is true."""
+        if not isinstance(text, str):
+            raise AndreaError(f"encode takes a str, not {type(text).__name__}.")
+        ids = [BOS] if bos else []
+        ids.extend(chain.from_iterable(map(self._cache.__getitem__, WORD_RE.findall(text))))
+        return ids
+
+    def encode_batch(self, texts, bos: bool = True, workers: int | None = None) -> list[list[int]]:
+        """encode of every text, in order; large batches are split over worker processes."""
+        texts = list(texts)
+        for t in texts:
+            if not isinstance(t, str):
+                raise AndreaError(f"encode_batch takes strings, not {type(t).__name__}.")
+        workers = workers or os.cpu_count() or 1
+        if workers < 2 or len(texts) < 2 or sum(map(len, texts)) < PARALLEL_CHARS or not _can_fork():
+            return [self.encode(t, bos) for t in texts]
+        global _worker_tokenizer
+        _worker_tokenizer = self  # fork copies it into every worker with its warm cache
+        chunks = _chunks(texts, 4 * workers)
+        try:
+            with _fork_pool(workers) as pool:
+                parts = pool.map(_encode_chunk, [(c, bos) for c in chunks])
+        finally:
+            _worker_tokenizer = None
+        out = []
+        for flat, lengths in parts:
+            flat = flat.tolist()
+            pos = 0
+            for n in lengths:
+                out.append(flat[pos : pos + n])
+                pos += n
+        return out
+
+    # ---- decoding
+
+    def decode_bytes(self, ids) -> bytes:
+        """The bytes the ids stand for, joined (BOS stands for none)."""
+        ids = list(ids)
+        table = self._bytes
+        try:
+            if ids and min(ids) < 0:
+                raise IndexError
+            return b"".join(map(table.__getitem__, ids))
+        except (IndexError, TypeError):
+            for i in ids:
+                self._check_id(i)
+            raise
+
+    def decode(self, ids) -> str:
+        """Text of the ids: exact for anything encode produced (see the module docstring)."""
+        return self.decode_bytes(ids).decode("utf-8", "andrea.harris")
+
+    # ---- training
+
+    @classmethod
+    def train(cls, texts, n_segments: int, weights=None, min_count: int = 2,
+              workers: int | None = None, progress: bool = False) -> "HarrisTokenizer":
+        """Find n_segments segments in texts (module docstring, "Training"). weights, one number per
+        text, says how much each counts (a curriculum's source weights); None counts each once."""
+        if isinstance(n_segments, bool) or not isinstance(n_segments, int) or n_segments < 1:
+            raise AndreaError(f"the number of segments must be a whole number of at least 1, got {n_segments!r}.")
+        texts = list(texts)
+        for t in texts:
+            if not isinstance(t, str):
+                raise AndreaError(f"train takes strings, not {type(t).__name__}.")
+        word_counts = count_words(texts, weights, workers, progress)
+        if not word_counts:
+            raise AndreaError("the training text is empty; the tokenizer needs text to learn segments from.")
+        letter_counts = letter_word_counts(word_counts)
+        stats = SuccessorVariety(letter_counts)
+        cands = candidate_counts(word_counts, stats)
+        cands = Counter({s: k for s, k in cands.items()
+                         if k >= min_count and len(_utf8(s)) > 1 and not _has_surrogate(s)})
+        if len(cands) < n_segments:
+            raise AndreaError(f"requested {n_segments:,} segments but the corpus supplies only {len(cands):,} "
+                              f"(pieces of two bytes or more that occur at least {min_count} times); "
+                              f"give more text or ask for fewer segments.")
+        segments = select_segments(cands, word_counts, n_segments, progress=progress)
+        size = sum(len(_utf8(t)) for t in texts)
+        meta = {
+            "corpus": {"documents": len(texts), "bytes": size, "words": int(sum(word_counts.values())),
+                       "distinct_words": len(word_counts), "weighted": weights is not None},
+            "found": len(cands),
+            "settings": {"min_count": min_count},
+        }
+        tok = cls(segments, meta, words=stats.words)
+        tok._stats = stats
+        return tok
+
+    @property
+    def stats(self) -> SuccessorVariety | None:
+        """The successor-variety statistics of the training corpus (None if they were not kept)."""
+        if self._stats is None and self._words is not None:
+            self._stats = SuccessorVariety(self._words)
+        return self._stats
+
+    # ---- saving and loading
+
+    def to_dict(self) -> dict:
+        """Everything encoding and decoding need, JSON-able (a checkpoint can embed it)."""
+        return {"format": FORMAT, "version": 1, "word_pattern": WORD_PATTERN, "n_segments": self.n_segments,
+                "vocab_size": self.vocab_size, "fingerprint": self.fingerprint(), **self.meta,
+                "segments": list(self.segments)}
+
+    @classmethod
+    def from_dict(cls, d, where: str = "the tokenizer dict") -> "HarrisTokenizer":
+        if not isinstance(d, dict) or d.get("format") != FORMAT:
+            raise AndreaError(f"{where} is not an ANDREA Harris tokenizer (no \"format\": \"{FORMAT}\").")
+        if d.get("word_pattern", WORD_PATTERN) != WORD_PATTERN:
+            raise AndreaError(f"{where} splits words with a pattern this version does not use.")
+        segments = _check_segments(d.get("segments"), where)
+        if d.get("fingerprint", None) not in (None, cls(segments).fingerprint()):
+            raise AndreaError(f"{where} has a fingerprint that does not match its segments.")
+        meta = {k: v for k, v in d.items() if k in ("corpus", "found", "settings")}
+        return cls(segments, meta)
+
+    def save(self, directory) -> Path:
+        """Write harris_segments.json (the segments in id order), tokenizer.json (sizes, corpus,
+        settings) and, when known, the word types behind the SV statistics."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(self.segments, ensure_ascii=False, indent=0)
+        if any(map(_has_surrogate, self.segments)):  # not UTF-8; \u escapes keep the file valid
+            text = json.dumps(self.segments, ensure_ascii=True, indent=0)
+        _write_atomic(directory / SEGMENTS_FILE, (text + "\n").encode())
+        meta = self.to_dict()
+        del meta["segments"]
+        _write_atomic(directory / META_FILE, (json.dumps(meta, indent=2, ensure_ascii=False) + "\n").encode())
+        if self._words is not None:
+            _write_atomic(directory / WORDS_FILE, gzip.compress(("\n".join(self._words) + "\n").encode(), mtime=0))
+        return directory
+
+    @classmethod
+    def load(cls, path) -> "HarrisTokenizer":
+        """From a folder written by save, or from a bare harris_segments.json (such as ANDREA's
+        released file), whose segments get ids 257.. in the file's order."""
+        path = Path(path)
+        if not path.exists():
+            raise AndreaError(f"{path} does not exist; expected a tokenizer folder with {SEGMENTS_FILE}.")
+        seg_file = path / SEGMENTS_FILE if path.is_dir() else path
+        if not seg_file.is_file():
+            raise AndreaError(f"{path} has no {SEGMENTS_FILE}; is it a folder written by `andrea tokenizer train`?")
+        segments = _check_segments(_read_json(seg_file), str(seg_file))
+        meta, words = {}, None
+        meta_file = seg_file.with_name(META_FILE)
+        if path.is_dir() and meta_file.is_file():
+            d = _read_json(meta_file)
+            d = {**d, "segments": segments} if isinstance(d, dict) else d
+            tok = cls.from_dict(d, str(meta_file))
+            if d.get("n_segments", len(segments)) != len(segments):
+                raise AndreaError(f"{seg_file} holds {len(segments):,} segments but {meta_file.name} "
+                                  f"says {d['n_segments']:,}; the two files do not belong together.")
+            meta = tok.meta
+        words_file = seg_file.with_name(WORDS_FILE)
+        if path.is_dir() and words_file.is_file():
+            try:
+                words = gzip.decompress(words_file.read_bytes()).decode("utf-8").split()
+            except (OSError, EOFError, UnicodeDecodeError):
+                raise AndreaError(f"{words_file} is damaged (not gzip-compressed UTF-8 text).") from None
+        return cls(segments, meta, words)
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_bytes())
+    except UnicodeDecodeError:
+        raise AndreaError(f"{path} is not UTF-8 text, so not a JSON file.") from None
+    except json.JSONDecodeError as e:
+        raise AndreaError(f"{path} is not valid JSON ({e.msg} at line {e.lineno}).") from None
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+_worker_tokenizer: HarrisTokenizer | None = None
+
+
+def _encode_chunk(job):
+    texts, bos = job
+    flat, lengths = array("i"), []
+    for t in texts:
+        ids = _worker_tokenizer.encode(t, bos)
+        flat.extend(ids)
+        lengths.append(len(ids))
+    return flat, lengths

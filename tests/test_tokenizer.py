@@ -1,0 +1,521 @@
+"""The Harris tokenizer: the vocabulary layout, the encoding rule, exact round trips, Harris's
+statistics, training, saving and loading, the CLI and its errors, and (when the default corpus is
+fetched) segments and compression on real English against a byte-level BPE."""
+
+import hashlib
+import json
+import random
+import re
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import andrea.tokenizer as harris
+from andrea.cli import main
+from andrea.cli.tokenizer import load_training_texts
+from andrea.corpus import corpus_dir
+from andrea.errors import AndreaError
+from andrea.tokenizer import BOS, WORD_RE, HarrisTokenizer, SuccessorVariety
+
+STEMS = ["work", "play", "read", "help", "paint", "walk", "talk", "teach", "kind", "mark", "fill", "load",
+         "lock", "pack", "print", "view", "turn", "count", "cover", "form"]
+PREFIXES = ["", "", "", "un", "re", "pre", "dis", "over"]
+SUFFIXES = ["", "", "s", "ed", "ing", "er", "able", "ness", "ment", "ly", "est"]
+SMALL_WORDS = ["the", "of", "and", "a", "to", "in", "is", "was", "café", "naïve", "I", "it"]
+
+
+def morphology_text(n_paragraphs=250, seed=0) -> str:
+    """Sentences of prefix+stem+suffix words and small words (about 110 KB): a corpus whose
+    morpheme boundaries are known."""
+    rng = random.Random(seed)
+    paragraphs = []
+    for _ in range(n_paragraphs):
+        sentences = []
+        for _ in range(8):
+            words = [rng.choice(SMALL_WORDS) if rng.random() < 0.4
+                     else rng.choice(PREFIXES) + rng.choice(STEMS) + rng.choice(SUFFIXES)
+                     for _ in range(rng.randint(4, 12))]
+            s = " ".join(words)
+            sentences.append(s[0].upper() + s[1:] + rng.choice(".,!?;."))
+        paragraphs.append(" ".join(sentences))
+    return "\n\n".join(paragraphs)
+
+
+N_SMALL = 300
+
+
+@pytest.fixture(scope="module")
+def text():
+    return morphology_text()
+
+
+@pytest.fixture(scope="module")
+def tok(text):
+    return HarrisTokenizer.train([text], N_SMALL)
+
+
+@pytest.fixture(scope="module")
+def tok_dir(tok, tmp_path_factory):
+    return tok.save(tmp_path_factory.mktemp("tok"))
+
+
+def reference_encode(tok, text, bos=True):
+    """The encoding rule written out the slow, obvious way: longest segment at each position of
+    each word, else the UTF-8 bytes of one character."""
+    ids = [BOS] if bos else []
+    for word in WORD_RE.findall(text):
+        i = 0
+        while i < len(word):
+            matches = [s for s in tok.segments if word.startswith(s, i)]
+            if matches:
+                s = max(matches, key=len)
+                ids.append(257 + tok.segments.index(s))
+                i += len(s)
+            else:
+                ids.extend(word[i].encode("utf-8", "surrogatepass"))
+                i += 1
+    return ids
+
+
+# ---------------------------------------------------------------- layout and labels
+
+
+def test_vocabulary_layout(tok):
+    assert tok.BOS == HarrisTokenizer.BOS == 256
+    assert tok.n_segments == len(tok.segments) == N_SMALL
+    assert tok.vocab_size == N_SMALL + 257
+    for b in (0, 65, 255):
+        assert tok.token_bytes(b) == bytes([b])
+        assert tok.id_to_piece(b) == f"<0x{b:02X}>"
+    assert tok.token_bytes(256) == b"" and tok.id_to_piece(256) == "<BOS>"
+    for k in (0, 1, N_SMALL - 1):
+        assert tok.token_bytes(257 + k) == tok.segments[k].encode()
+        assert tok.id_to_piece(257 + k) == tok.segments[k]
+        assert tok.encode(tok.segments[k], bos=False) == [257 + k]  # a segment encodes to itself
+
+
+def test_segments_are_distinct_multibyte_and_most_used_first(tok, text):
+    assert len(set(tok.segments)) == len(tok.segments)
+    assert all(len(s.encode()) >= 2 for s in tok.segments)
+    use = Counter(i for i in tok.encode(text, bos=False) if i > 256)
+    counts = [use[257 + k] for k in range(tok.n_segments)]
+    assert counts == sorted(counts, reverse=True)
+
+
+def test_fingerprint_is_sha256_of_the_segment_list():
+    t = HarrisTokenizer(["ab", " the", "é"])
+    assert t.fingerprint() == hashlib.sha256(b'["ab"," the","\\u00e9"]').hexdigest()
+    assert HarrisTokenizer(["ab", "cd"]).fingerprint() != HarrisTokenizer(["cd", "ab"]).fingerprint()
+
+
+# ---------------------------------------------------------------- the encoding rule and round trips
+
+ANY_CHAR = st.characters(exclude_categories=())  # every code point, lone surrogates included
+HARD_CHARS = st.one_of(
+    st.characters(min_codepoint=0x1F300, max_codepoint=0x1FAFF),  # emoji
+    st.characters(min_codepoint=0x300, max_codepoint=0x36F),  # combining marks
+    st.characters(min_codepoint=0x4E00, max_codepoint=0x9FFF),  # CJK
+    st.characters(min_codepoint=0, max_codepoint=0x1F),  # control characters
+    st.characters(min_codepoint=0x7F, max_codepoint=0x9F),
+    st.sampled_from(["\u200d", "\ufe0f", "\ufeff", "\u2028", "\xa0", "\ud800", "\udfff", "_", "'", " ", "\n"]),
+    st.characters(min_codepoint=ord("a"), max_codepoint=ord("z")),
+)
+FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def english_like(tok):
+    return st.lists(st.sampled_from(tok.segments + SMALL_WORDS + [" ", "\n", ", ", "'s", "Un", "X"]),
+                    max_size=60).map("".join)
+
+
+def check_round_trip(tok, s):
+    ids = tok.encode(s, bos=False)
+    assert tok.decode(ids) == s
+    assert all(0 <= i < tok.vocab_size and i != BOS for i in ids)
+    with_bos = tok.encode(s)
+    assert with_bos == [BOS] + ids and tok.decode(with_bos) == s
+    assert tok.decode_bytes(ids) == s.encode("utf-8", "surrogatepass")
+
+
+@FAST
+@given(s=st.text(ANY_CHAR, max_size=200))
+def test_round_trip_any_string(tok, s):
+    check_round_trip(tok, s)
+
+
+@FAST
+@given(s=st.text(HARD_CHARS, max_size=200))
+def test_round_trip_emoji_combining_cjk_control_surrogates(tok, s):
+    check_round_trip(tok, s)
+
+
+@FAST
+@given(data=st.data())
+def test_round_trip_and_rule_on_english_like_text(tok, data):
+    s = data.draw(english_like(tok))
+    check_round_trip(tok, s)
+    assert tok.encode(s) == reference_encode(tok, s)
+
+
+@settings(max_examples=20, deadline=None)
+@given(word=st.text(st.sampled_from("abcdefghijklmnopqrstuvwxyzé"), min_size=1000, max_size=4000))
+def test_round_trip_very_long_words(tok, word):
+    check_round_trip(tok, word)
+    check_round_trip(tok, " " + word + " " + word.upper())
+
+
+def test_round_trip_fixed_hard_cases(tok):
+    for s in ["", " ", "\n\n\n", "a" * 20_000, "e\u0301" * 50, "👩\u200d👩\u200d👧", "🇺🇳", "日本語のテキスト",
+              "\x00\x01\x7f", "\ud83d\ude00", "\udc80abc", "it's 'tis", "__init__", " " * 9 + "x", "\r\n"]:
+        check_round_trip(tok, s)
+
+
+@FAST
+@given(s=st.text(ANY_CHAR, max_size=200))
+def test_words_cover_the_text_exactly(s):
+    assert "".join(WORD_RE.findall(s)) == s
+
+
+def test_encode_matches_the_rule_on_the_training_text(tok, text):
+    sample = text[:5000]
+    assert tok.encode(sample) == reference_encode(tok, sample)
+    assert tok.encode(sample) == HarrisTokenizer(tok.segments).encode(sample)  # no cache, same ids
+
+
+def test_longest_segment_wins_and_bytes_fill_gaps():
+    t = HarrisTokenizer(["ab", "abc", " x", "é"])
+    a, abc, sx, e = 257, 258, 259, 260
+    assert t.encode("abcab", bos=False) == [abc, a]
+    assert t.encode(" xabc", bos=False) == [sx, abc]
+    assert t.encode("xab", bos=False) == [ord("x"), a]
+    assert t.encode("é€", bos=False) == [e, 0xE2, 0x82, 0xAC]
+    assert t.encode("a, b", bos=False) == list(b"a, b")
+    assert t.encode("ab") == [BOS, a]
+
+
+def test_segments_never_span_two_words():
+    t = HarrisTokenizer(["of the", "ab"])
+    assert t.encode(" of the", bos=False) == list(b" of the")  # " of" and " the" are separate words
+
+
+def test_decode_of_byte_sequences_encode_never_makes(tok):
+    assert tok.decode([0xFF]) == "\ufffd"
+    assert tok.decode([0xE2, 0x82]) == "\ufffd"  # a character cut short
+    assert tok.decode([0xED, 0xA0, 0x80]) == "\ud800"  # a lone surrogate, as encode writes it
+    assert tok.decode([0x61, 0xFF, 0x62]) == "a\ufffdb"
+
+
+def test_encode_batch_equals_encode(tok, text, monkeypatch):
+    docs = [text[i : i + 3000] for i in range(0, 60_000, 3000)] + ["", "😀"]
+    want = [tok.encode(d) for d in docs]
+    assert tok.encode_batch(docs) == want
+    assert tok.encode_batch(docs, bos=False) == [w[1:] for w in want]
+    monkeypatch.setattr(harris, "PARALLEL_CHARS", 1)  # take the multi-process path on a small batch
+    assert tok.encode_batch(docs, workers=2) == want
+
+
+# ---------------------------------------------------------------- Harris's statistics and training
+
+
+def test_successor_variety_counts_by_hand():
+    sv = SuccessorVariety(["cat", "car", "cart", "dog"])
+    # after "": c, d; after "ca": t, r; after "car": end, t; after "cat": end
+    assert [sv.sv[p] for p in ["", "c", "ca", "car", "cat", "cart", "do"]] == [2, 1, 2, 2, 1, 1, 1]
+    # before "t": a (cat), r (cart); before "": t, r, g; before "cat": start
+    assert [sv.pv[s] for s in ["t", "", "rt", "cat", "g"]] == [2, 3, 1, 1, 1]
+    # (prefix, SV(prefix), PV(rest)): PV("r") counts only the "a" of "car"; PV("") the last letters t, r, g
+    assert sv.profile("car") == [("", 2, 1), ("c", 1, 1), ("ca", 2, 1), ("car", 2, 3)]
+
+
+def test_boundaries_fall_between_the_morphemes(tok):
+    stats = tok.stats
+    assert stats.boundaries("unworkable") == [2, 6]  # un|work|able
+    assert stats.boundaries("kindness") == [4]  # kind|ness
+    assert 3 in stats.boundaries("dislocked") and 7 in stats.boundaries("dislocked")  # dis|lock|ed
+
+
+def test_trained_segments_are_harris_pieces(tok, text):
+    """Every segment lies between two successor-variety boundaries of a corpus word (a word's start
+    and end included), and the morphemes the corpus was made from are found."""
+    counts = harris.count_words([text])
+    stats = SuccessorVariety(harris.letter_word_counts(counts))
+    assert set(tok.segments) <= set(harris.candidate_counts(counts, stats))
+    for suffix in ["ing", "ed", "able", "ness", "ment", "ly", "est", "er"]:
+        assert suffix in tok.segments, suffix
+    # a prefix is used at a word's start, so with its space, and here mostly capitalised
+    starts = {s.strip().lower() for s in tok.segments if s.startswith(" ")}
+    assert {"un", "re", "pre", "dis", "over"} | set(STEMS) <= starts
+
+
+def test_training_is_deterministic(tok, text):
+    again = HarrisTokenizer.train([text], N_SMALL)
+    assert again.segments == tok.segments and again.fingerprint() == tok.fingerprint()
+
+
+def test_weights_scale_the_counts():
+    counts = harris.count_words(["a b b", "c"], weights=[2, 0.5])
+    assert counts == Counter({"a": 2, " b": 4, "c": 0.5})
+    with pytest.raises(AndreaError, match="one weight per document"):
+        harris.count_words(["a", "b"], weights=[1])
+    with pytest.raises(AndreaError, match="non-negative"):
+        harris.count_words(["a"], weights=[-1])
+
+
+def test_source_shares_become_document_weights(tmp_path):
+    big, small = tmp_path / "big.txt", tmp_path / "small.txt"
+    big.write_text("word " * 300)
+    small.write_text("other " * 100)
+    texts, weights = load_training_texts([str(big), str(small)])
+    assert weights is None and len(texts) == 2
+    texts, weights = load_training_texts([str(big), str(small)], shares={str(big): 1, str(small): 1})
+    # equal shares: each source's documents weigh in with the same number of bytes in all
+    sizes = [len(t.encode()) for t in texts]
+    assert weights[0] * sizes[0] == pytest.approx(weights[1] * sizes[1])
+    with pytest.raises(AndreaError, match="share"):
+        load_training_texts([str(big)], shares={})
+
+
+def test_too_few_segments_in_the_corpus():
+    with pytest.raises(AndreaError, match=r"requested 5,000 segments but the corpus supplies only \d+"):
+        HarrisTokenizer.train(["the cat sat on the mat. the cat ran."], 5000)
+
+
+@pytest.mark.parametrize("n", [0, -3, 1.5, True, "8"])
+def test_number_of_segments_must_be_a_positive_whole_number(n):
+    with pytest.raises(AndreaError, match="at least 1"):
+        HarrisTokenizer.train(["some text here, some text there"], n)
+
+
+def test_empty_training_text():
+    with pytest.raises(AndreaError, match="empty"):
+        HarrisTokenizer.train([""], 10)
+
+
+# ---------------------------------------------------------------- saving and loading
+
+
+def test_save_load_round_trip(tok, tok_dir, text):
+    segs = json.loads((tok_dir / "harris_segments.json").read_text(encoding="utf-8"))
+    assert segs == tok.segments  # a JSON list of strings, in id order
+    meta = json.loads((tok_dir / "tokenizer.json").read_text())
+    assert meta["n_segments"] == N_SMALL and meta["vocab_size"] == N_SMALL + 257
+    assert meta["fingerprint"] == tok.fingerprint()
+    assert meta["found"] >= N_SMALL and meta["corpus"]["bytes"] == len(text.encode())
+    back = HarrisTokenizer.load(tok_dir)
+    assert back.segments == tok.segments and back.fingerprint() == tok.fingerprint()
+    assert back.encode(text[:3000]) == tok.encode(text[:3000])
+    assert back.stats.boundaries("unworkable") == tok.stats.boundaries("unworkable")
+
+
+def test_load_a_bare_segments_file(tmp_path):
+    path = tmp_path / "harris_segments.json"
+    path.write_text(json.dumps(["un", "believ", "able"]))
+    t = HarrisTokenizer.load(path)
+    assert t.vocab_size == 260 and t.stats is None
+    assert t.encode("unbelievable", bos=False) == [257, 258, 259]
+
+
+def test_to_dict_from_dict(tok):
+    d = json.loads(json.dumps(tok.to_dict()))
+    back = HarrisTokenizer.from_dict(d)
+    assert back.segments == tok.segments and back.fingerprint() == tok.fingerprint()
+    with pytest.raises(AndreaError, match="not an ANDREA Harris tokenizer"):
+        HarrisTokenizer.from_dict({"segments": tok.segments})
+    with pytest.raises(AndreaError, match="fingerprint"):
+        HarrisTokenizer.from_dict({**d, "segments": d["segments"][::-1]})
+
+
+def test_segments_with_surrogates_save_as_valid_json(tmp_path):
+    t = HarrisTokenizer(["\ud800x", "ab"])
+    t.save(tmp_path)
+    (tmp_path / "harris_segments.json").read_bytes().decode("utf-8")  # strict UTF-8
+    assert HarrisTokenizer.load(tmp_path).segments == t.segments
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"[\"un\", \"re\"", "not valid JSON"),
+    (b"\xff\xfe\x00binary", "not UTF-8"),
+    (b'{"model": {"type": "BPE"}}', "not a JSON list of segment strings"),
+    (b"[1, 2, 3]", "not a JSON list of segment strings"),
+    (b'["un", "re", "un"]', "twice"),
+    (b'["un", ""]', "empty segment"),
+])
+def test_corrupt_or_foreign_segments_file(tmp_path, content, message):
+    (tmp_path / "harris_segments.json").write_bytes(content)
+    with pytest.raises(AndreaError, match=message):
+        HarrisTokenizer.load(tmp_path)
+
+
+def test_segments_and_metadata_that_do_not_belong_together(tok_dir, tmp_path):
+    for name in ("harris_segments.json", "tokenizer.json"):
+        (tmp_path / name).write_bytes((tok_dir / name).read_bytes())
+    (tmp_path / "harris_segments.json").write_text(json.dumps(["only", "three", "here"]))
+    with pytest.raises(AndreaError, match="fingerprint|do not belong"):
+        HarrisTokenizer.load(tmp_path)
+
+
+def test_load_missing(tmp_path):
+    with pytest.raises(AndreaError, match="does not exist"):
+        HarrisTokenizer.load(tmp_path / "nope")
+    with pytest.raises(AndreaError, match="has no harris_segments.json"):
+        HarrisTokenizer.load(tmp_path)
+
+
+@pytest.mark.parametrize("ids", [[N_SMALL + 257], [10**9], [-1], [65, "x"], [1.0]])
+def test_decode_ids_out_of_range(tok, ids):
+    with pytest.raises(AndreaError, match=f"ids 0 to {N_SMALL + 256}"):
+        tok.decode(ids)
+
+
+def test_token_bytes_out_of_range(tok):
+    with pytest.raises(AndreaError, match="out of range"):
+        tok.token_bytes(tok.vocab_size)
+    with pytest.raises(AndreaError, match="out of range"):
+        tok.id_to_piece(-1)
+
+
+# ---------------------------------------------------------------- the command line
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_train_encode_decode_inspect(tmp_path, text, capsys, monkeypatch):
+    src = tmp_path / "corpus.txt"
+    src.write_text(text, encoding="utf-8")
+    out_dir = tmp_path / "tok"
+    code, out, err = run_cli(capsys, "tokenizer", "train", str(src), "--segments", "200", "--out", str(out_dir))
+    assert code == 0, err
+    assert "requested 200 segments -> found" in out and "V = 457" in out
+    assert {p.name for p in out_dir.iterdir()} >= {"harris_segments.json", "tokenizer.json", "harris_words.txt.gz"}
+    tok = HarrisTokenizer.load(out_dir)
+
+    code, out, _ = run_cli(capsys, "tokenizer", "encode", "--tokenizer", str(out_dir), "Unworkable kindness.")
+    assert code == 0 and [int(x) for x in out.split()] == tok.encode("Unworkable kindness.")
+
+    monkeypatch.setattr(sys, "stdin", _stdin("the café\n"))
+    code, out, _ = run_cli(capsys, "tokenizer", "encode", "--tokenizer", str(out_dir), "--no-bos")
+    ids = [int(x) for x in out.split()]
+    assert code == 0 and ids == tok.encode("the café\n", bos=False)
+
+    code, out, _ = run_cli(capsys, "tokenizer", "decode", "--tokenizer", str(out_dir), *map(str, ids))
+    assert code == 0 and out == "the café\n"
+    monkeypatch.setattr(sys, "stdin", _stdin(" ".join(map(str, [256] + ids))))
+    code, out, _ = run_cli(capsys, "tokenizer", "decode", "--tokenizer", str(out_dir))
+    assert code == 0 and out == "the café\n"
+
+    code, out, _ = run_cli(capsys, "tokenizer", "inspect", "--tokenizer", str(out_dir), "unworkable")
+    assert code == 0
+    assert "boundaries: un|work|able" in out
+    assert re.search(r"\bun \| workable\s+\d+\s+\d+\s+<- boundary", out)
+    assert "' unworkable'" in out
+
+
+def _stdin(text):
+    import io
+
+    return io.TextIOWrapper(io.BytesIO(text.encode("utf-8")), encoding="utf-8")
+
+
+def test_cli_inspect_without_statistics(tmp_path, capsys):
+    (tmp_path / "harris_segments.json").write_text(json.dumps(["un", "able"]))
+    code, out, _ = run_cli(capsys, "tokenizer", "inspect", "--tokenizer", str(tmp_path), "unable")
+    assert code == 0 and "no successor-variety statistics" in out and "'un' 'able'" in out
+
+
+@pytest.mark.parametrize("case", ["missing", "empty", "binary", "nul", "zero", "too many"])
+def test_cli_train_bad_input(tmp_path, capsys, case):
+    path = tmp_path / "in.txt"
+    n = "50"
+    if case == "empty":
+        path.write_text("  \n\n ")
+    elif case == "binary":
+        path.write_bytes(bytes(range(256)) * 4)
+    elif case == "nul":
+        path.write_bytes(b"hello\x00world\x00" * 100)
+    elif case == "zero":
+        path.write_text("some words, some more words")
+        n = "0"
+    elif case == "too many":
+        path.write_text("some words, some more words")
+    code, out, err = run_cli(capsys, "tokenizer", "train", str(path), "--segments", n, "--out", str(tmp_path / "o"))
+    assert code == 2
+    assert err.startswith("andrea: error: ") and err.count("\n") == 1 and "Traceback" not in err
+    expect = {"missing": "neither a file", "empty": "no text", "binary": "not UTF-8", "nul": "binary",
+              "zero": "at least 1", "too many": "requested 50 segments but the corpus supplies only"}[case]
+    assert expect in err
+
+
+@pytest.mark.parametrize("argv, expect", [
+    (["decode", "--tokenizer", "{dir}", "5", "100000"], "out of range"),
+    (["decode", "--tokenizer", "{dir}", "5", "abc"], "not a token id"),
+    (["encode", "--tokenizer", "{dir}/nope", "hi"], "does not exist"),
+    (["encode", "--tokenizer", "{bad}", "hi"], "not valid JSON"),
+])
+def test_cli_use_bad_input(tok_dir, tmp_path, capsys, argv, expect):
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "harris_segments.json").write_text("[oops")
+    argv = [a.format(dir=tok_dir, bad=bad) for a in argv]
+    code, _, err = run_cli(capsys, "tokenizer", *argv)
+    assert code == 2 and expect in err and err.count("\n") == 1
+
+
+def test_cli_error_in_a_subprocess(tok_dir):
+    done = subprocess.run([sys.executable, "-m", "andrea", "tokenizer", "decode", "--tokenizer", str(tok_dir), "99999"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip() == f"andrea: error: token id 99999 is out of range: this tokenizer has ids 0 to {N_SMALL + 256}."
+
+
+# ---------------------------------------------------------------- real English (the default corpus)
+
+SOURCES = ["sotu", "shakespeare", "kjv", "moby-dick"]
+MORPHEMES = ["un", "re", "pre", "ing", "able", "ly", "tion", "ed", "ness", "ment", "er", "est"]
+needs_corpus = pytest.mark.skipif(not all((corpus_dir() / s / "meta.json").exists() for s in SOURCES),
+                                  reason="the default corpus is not fetched (run `andrea data fetch`)")
+
+
+@pytest.fixture(scope="module")
+def english():
+    from andrea.corpus import load_documents
+
+    train = [d for s in SOURCES for d in load_documents(s, "train")][::8]  # every 8th document: about 2.5 MB
+    val = [d for s in SOURCES for d in load_documents(s, "val")]
+    return train, val, HarrisTokenizer.train(train, 8192)
+
+
+@needs_corpus
+@pytest.mark.slow
+def test_english_segments_include_the_common_affixes(english):
+    _, _, tok = english
+    found = [m for m in MORPHEMES if m in tok.segments]
+    assert len(found) >= 8, found
+
+
+@needs_corpus
+@pytest.mark.slow
+def test_english_compression_against_byte_level_bpe(english):
+    """Bytes per token on held-out text at least 0.9x a byte-level BPE of the same vocabulary size
+    (8,449) trained on the same text."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    train, val, tok = english
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=tok.vocab_size, special_tokens=["<BOS>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    bpe.train_from_iterator(train, trainer)
+    assert bpe.get_vocab_size() == tok.vocab_size == 8449
+    size = sum(len(d.encode()) for d in val)
+    harris_bpt = size / sum(map(len, tok.encode_batch(val, bos=False)))
+    bpe_bpt = size / sum(len(e.ids) for e in bpe.encode_batch(val))
+    assert harris_bpt >= 0.9 * bpe_bpt, (harris_bpt, bpe_bpt)
