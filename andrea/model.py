@@ -88,6 +88,25 @@ class Attention(nn.Module):
         return self.wo(y.transpose(1, 2).reshape(B, T, d))
 
 
+class ReLUSquared(torch.autograd.Function):
+    """relu(x)², differentiated as 2·relu(x)·grad from the one tensor it keeps.
+
+    Same numbers as `F.relu(x).square()`, whose autograd keeps both x and relu(x) and makes an
+    extra pass over the (B, T, 4d) activations for relu's backward: about 8% of a CPU step.
+    """
+
+    @staticmethod
+    def forward(ctx, x):
+        r = F.relu(x)
+        ctx.save_for_backward(r)
+        return r * r
+
+    @staticmethod
+    def backward(ctx, grad):
+        (r,) = ctx.saved_tensors
+        return grad.mul(r).mul_(2)
+
+
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -98,7 +117,7 @@ class MLP(nn.Module):
     def forward(self, x):
         h = self.fc1(x)
         if self.act == "relu2":
-            h = F.relu(h).square()
+            h = ReLUSquared.apply(h)
         elif self.act == "relu":
             h = F.relu(h)
         else:

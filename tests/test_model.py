@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from andrea.config import POSITION_SCHEMES, PRESETS, ModelConfig
-from andrea.model import ANDREA, KVCache
+from andrea.model import ANDREA, KVCache, ReLUSquared
 
 TINY = ModelConfig(vocab_size=300, n_embd=32, n_head=4, n_layer=2, block_size=16)
 
@@ -283,6 +283,19 @@ def test_forward_matches_a_numpy_reference(case):
     # sinusoid and rotation tables are stored in float32, so a float64 model agrees to about 1e-8 there
     atol = 1e-10 if cfg.pos in ("learned", "none") else 1e-7
     np.testing.assert_allclose(logits_of(model.double(), ids).numpy(), expected, rtol=0, atol=atol)
+
+
+def test_relu_squared_matches_autograd_of_relu_square():
+    x = torch.randn(64, 96, generator=torch.Generator().manual_seed(7))
+    x[0, :8] = 0.0
+    g = torch.randn(64, 96, generator=torch.Generator().manual_seed(8))
+    a = x.clone().requires_grad_()
+    b = x.clone().requires_grad_()
+    ya, yb = torch.nn.functional.relu(a).square(), ReLUSquared.apply(b)
+    ya.backward(g)
+    yb.backward(g)
+    assert torch.equal(ya, yb) and torch.equal(a.grad, b.grad)
+    assert torch.autograd.gradcheck(ReLUSquared.apply, (torch.randn(5, 7, dtype=torch.float64, requires_grad=True),))
 
 
 # ---------------------------------------------------------------- the KV cache
