@@ -1,0 +1,364 @@
+"""`andrea embed ...` (look inside the embedding layer) and `andrea experiment positions`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from andrea.cli.common import print_json
+
+
+def _subject(args, meta: bool = False):
+    from andrea.lab import load_subject
+
+    return load_subject(args.checkpoint, args.preset, args.seed, args.tokenizer, meta=meta)
+
+
+def _png_path(args, subject, what: str) -> Path:
+    return Path(args.png) if args.png else Path.cwd() / f"embed-{what}-{subject.slug}.png"
+
+
+def _header(subject, lookups: bool = True) -> None:
+    print(f"model: {subject.name}")
+    if lookups and subject.tokenizer_note:
+        print(f"note: {subject.tokenizer_note}")
+
+
+def _describe(lk: dict) -> str:
+    from andrea.lab import show_piece
+
+    if lk["single"]:
+        return f"{lk['query']!r} → token {lk['ids'][0]} {show_piece(lk['pieces'][0])}"
+    return f"{lk['query']!r} → mean of {len(lk['ids'])} tokens " + " + ".join(show_piece(p) for p in lk["pieces"])
+
+
+def _notes(*lks: dict) -> None:
+    for lk in lks:
+        if lk["note"]:
+            print(f"note: {lk['note']}")
+
+
+# ---------------------------------------------------------------- embed table
+
+
+def cmd_table(args) -> int:
+    from andrea.lab import parameter_groups, plot_parameter_groups
+
+    subject = _subject(args, meta=True)
+    groups = parameter_groups(subject.model)
+    png = plot_parameter_groups(groups, _png_path(args, subject, "table"), subject.name)
+    if args.json:
+        print_json({"model": subject.name, "png": str(png),
+                    "rows": [{"name": g.name, "shape": g.shape, "count": g.count, "share": g.share} for g in groups]})
+        return 0
+    _header(subject, lookups=False)
+    w, ws = max(len(g.name) for g in groups), max(len(g.shape) for g in groups)
+    wc = max(len(f"{g.count:,}") for g in groups)
+    print(f"{'component':<{w}}  {'shape':<{ws}}  {'parameters':>{wc}}  {'share':>7}")
+    for g in groups:
+        if g.name in ("transformer blocks", "total"):
+            print("-" * (w + ws + wc + 13))
+        print(f"{g.name:<{w}}  {g.shape:<{ws}}  {g.count:>{wc},}  {100 * g.share:6.2f}%")
+    print(f"picture: {png}")
+    return 0
+
+
+# ---------------------------------------------------------------- embed show
+
+
+def cmd_show(args) -> int:
+    from andrea.lab import show_piece, show_tokens
+
+    subject = _subject(args)
+    rows = show_tokens(subject.model, subject.tokenizer, args.text, args.values)
+    if args.json:
+        print_json({"model": subject.name, "text": args.text, "tokens": rows})
+        return 0
+    _header(subject)
+    print(f"{args.text!r} → {len(rows)} token{'s' if len(rows) != 1 else ''}")
+    wp = max(5, *(len(show_piece(r["piece"])) for r in rows))
+    print(f"{'id':>6}  {'kind':<8}  {'piece':<{wp}}  {'‖wte row‖':>9}  {'‖head row‖':>10}  first {args.values} values of the wte row")
+    for r in rows:
+        kind = "byte*" if r["kind"] == "byte" else r["kind"]
+        values = " ".join(f"{v:+.3f}" for v in r["values"])
+        print(f"{r['id']:>6}  {kind:<8}  {show_piece(r['piece']):<{wp}}  {r['norm']:>9.4f}  {r['head_norm']:>10.4f}  {values}")
+    if any(r["kind"] == "byte" for r in rows):
+        print("* byte fallback: no segment covers this text, so it is spelled as raw UTF-8 bytes (ids 0-255).")
+    return 0
+
+
+# ---------------------------------------------------------------- embed compare
+
+
+def cmd_compare(args) -> int:
+    from andrea.lab import compare
+
+    subject = _subject(args)
+    r = compare(subject.model, subject.tokenizer, args.a, args.b)
+    if args.json:
+        print_json({"model": subject.name, **r})
+        return 0
+    _header(subject)
+    print(f"u: {_describe(r['a'])}")
+    print(f"v: {_describe(r['b'])}")
+    _notes(r["a"], r["b"])
+    print(f"{'':<12}  {'input (wte)':>14}  {'output (lm_head)':>16}")
+    for key, label, fmt in (("norm_u", "‖u‖", ".4f"), ("norm_v", "‖v‖", ".4f"), ("dot", "u·v", "+.4f"),
+                            ("cos", "cos θ", "+.4f"), ("angle_deg", "θ (degrees)", ".2f")):
+        print(f"{label:<12}  {format(r['input'][key], fmt):>14}  {format(r['output'][key], fmt):>16}")
+    print("u·v = ‖u‖ ‖v‖ cos θ; the input table and the output head are separate (untied) matrices.")
+    return 0
+
+
+# ---------------------------------------------------------------- embed neighbors
+
+
+def cmd_neighbors(args) -> int:
+    from andrea.lab import neighbors, show_piece
+
+    subject = _subject(args)
+    r = neighbors(subject.model, subject.tokenizer, args.word, args.k, args.metric, args.table)
+    if args.json:
+        print_json({"model": subject.name, **r})
+        return 0
+    _header(subject)
+    _notes(r["word"])
+    name = "input table (wte)" if args.table == "input" else "output head (lm_head)"
+    by = "cos θ" if args.metric == "cos" else "dot product u·v"
+    print(f"nearest to {_describe(r['word'])}, in the {name}, by {by}:")
+    for rank, n in enumerate(r["neighbors"], 1):
+        print(f"{rank:>4}  {n['id']:>6}  {show_piece(n['piece']):<20}  {n['score']:+.4f}")
+    return 0
+
+
+# ---------------------------------------------------------------- embed positions
+
+
+def cmd_positions(args) -> int:
+    from andrea.lab import plot_position_similarity, positions
+
+    subject = _subject(args)
+    r = positions(subject.model)
+    png = None
+    if r["table"] is not None:
+        title = f"{subject.name}: {r['table']} position table ({r['positions']} × {subject.model.config.n_embd})"
+        png = plot_position_similarity(r["similarity"], r["similarity_at"], _png_path(args, subject, "positions"), title)
+    if args.json:
+        print_json({"model": subject.name, **{k: v for k, v in r.items() if k != "similarity"},
+                    "png": str(png) if png else None})
+        return 0
+    _header(subject)
+    print(r["note"])
+    if r["table"] is None:
+        print("no picture: there is no position table to compare.")
+        return 0
+    print(f"{r['table']} table: {r['positions']} positions, mean row norm {r['norm_mean']:.4f}")
+    print("mean cos θ between positions t and t + k:")
+    for k, v in r["similarity_at"].items():
+        print(f"  k = {k:>4}  {v:+.4f}")
+    print(f"picture: {png}")
+    return 0
+
+
+# ---------------------------------------------------------------- embed map
+
+
+def cmd_map(args) -> int:
+    from andrea.errors import AndreaError
+    from andrea.lab import map_points, plot_map
+
+    if args.words and args.top:
+        raise AndreaError("give either words or --top N, not both.")
+    subject = _subject(args)
+    r = map_points(subject.model, subject.tokenizer, args.words, args.top, args.table)
+    what = f"{len(r['points'])} chosen tokens" if args.words else f"the {len(r['points'])} most used segments"
+    table_name = "input table (wte)" if args.table == "input" else "output head (lm_head)"
+    png = plot_map(r["points"], r["explained"], _png_path(args, subject, "map"),
+                   f"{subject.name}\n{what}, {table_name}, first two principal components")
+    if args.json:
+        print_json({"model": subject.name, **r, "png": str(png)})
+        return 0
+    _header(subject)
+    for p in r["points"]:
+        if p["note"]:
+            print(f"note: {p['note']}")
+    print(f"PCA of {what} in the {table_name}: PC 1 explains {100 * r['explained'][0]:.1f}% of the variance, "
+          f"PC 2 {100 * r['explained'][1]:.1f}%")
+    for p in r["points"]:
+        print(f"  {p['label']:<24} {p['x']:+8.4f} {p['y']:+8.4f}")
+    print(f"picture: {png}")
+    return 0
+
+
+# ---------------------------------------------------------------- embed forward
+
+
+def cmd_forward(args) -> int:
+    import numpy as np
+
+    from andrea.errors import AndreaError
+    from andrea.lab import forward_matrix, show_piece
+
+    subject = _subject(args)
+    if args.text == "":
+        raise AndreaError("give some text to embed; it is empty.")
+    ids = subject.tokenizer.encode(args.text, bos=not args.no_bos)
+    r = forward_matrix(subject.model, ids)
+    pieces = [subject.tokenizer.id_to_piece(i) for i in ids]
+    norms = {k: np.linalg.norm(r[k], axis=1) for k in ("token_part", "position_part", "x")}
+    if args.save:
+        try:
+            np.save(args.save, r["x"].astype(np.float32))
+        except OSError as e:
+            raise AndreaError(f"cannot write {args.save} ({e.strerror}).") from None
+    rows = [{"t": t, "id": i, "piece": p, "token_norm": float(norms["token_part"][t]),
+             "position_norm": float(norms["position_part"][t]), "sum_norm": float(norms["x"][t])}
+            for t, (i, p) in enumerate(zip(ids, pieces))]
+    T, d = r["x"].shape
+    if args.json:
+        print_json({"model": subject.name, "shape": [T, d], "rows": rows, "saved": args.save})
+        return 0
+    _header(subject)
+    pos = subject.model.config.pos
+    formula = {"learned": "wte[ids] + wpe[0:T]", "sinusoidal": "wte[ids] + PE[0:T] (the fixed sinusoidal table)",
+               "rope": "wte[ids] (rope adds nothing here; it rotates q and k inside attention)",
+               "none": "wte[ids] (no position scheme)"}[pos]
+    print(f"x = {formula}: a {T} × {d} matrix enters block 1")
+    wp = max(5, *(len(show_piece(p)) for p in pieces))
+    print(f"{'t':>4}  {'id':>6}  {'token':<{wp}}  {'‖token part‖':>12}  {'‖position part‖':>15}  {'‖sum‖':>8}")
+    for row in rows:
+        print(f"{row['t']:>4}  {row['id']:>6}  {show_piece(row['piece']):<{wp}}  {row['token_norm']:>12.4f}  "
+              f"{row['position_norm']:>15.4f}  {row['sum_norm']:>8.4f}")
+    if args.save:
+        print(f"saved x ({T} × {d}, float32) to {args.save}")
+    return 0
+
+
+# ---------------------------------------------------------------- embed export
+
+
+def cmd_export(args) -> int:
+    from andrea.lab import write_projector
+
+    subject = _subject(args)
+    vectors, meta = write_projector(args.projector, subject.model, subject.tokenizer, args.table)
+    V, d = subject.model.config.vocab_size, subject.model.config.n_embd
+    if args.json:
+        print_json({"model": subject.name, "vectors": str(vectors), "metadata": str(meta), "rows": V, "dim": d})
+        return 0
+    _header(subject)
+    print(f"wrote {vectors} ({V:,} rows × {d}) and {meta} (piece, id, kind)")
+    print("load both at https://projector.tensorflow.org (Load → Choose file)")
+    return 0
+
+
+# ---------------------------------------------------------------- experiment positions
+
+
+def cmd_experiment_positions(args) -> int:
+    import sys
+
+    from andrea.experiment import PositionsExperiment, default_data_dir, run_positions_experiment
+
+    data = args.data or default_data_dir()
+    exp = PositionsExperiment(data_dir=Path(data), out_dir=Path(args.out), preset=args.preset, steps=args.steps,
+                              seq_len=args.seq_len, batch_size=args.batch_size, seed=args.seed, lr=args.lr)
+    # progress goes to stderr, so stdout holds only the result (the table, or JSON)
+    result = run_positions_experiment(exp, log=lambda msg: print(msg, file=sys.stderr), progress=not args.no_progress)
+    if args.json:
+        print_json(result["summary"])
+        return 0
+    print(result["markdown"])
+    print(f"table: {result['markdown_path']}")
+    print(f"picture: {result['png']}")
+    return 0
+
+
+# ---------------------------------------------------------------- registration
+
+
+def _common() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--checkpoint", help="a checkpoint file or run folder")
+    p.add_argument("--preset", help="inspect a freshly initialised model of this preset instead")
+    p.add_argument("--seed", type=int, default=0, help="seed of the fresh model's initialisation (default 0)")
+    p.add_argument("--tokenizer", help="a tokenizer folder for word lookups (a checkpoint brings its own; without "
+                                       "one, text is looked up as bytes and tokens as #ID)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    return p
+
+
+WORD_HELP = "a token or word: text as typed, else with a leading space, else the mean of its tokens' rows; #ID for an id"
+
+
+def register(sub) -> None:
+    common = _common()
+    p = sub.add_parser("embed", help="look inside the embedding layer: tables, rows, similarities, positions",
+                       description="Inspect the token embedding (wte), the position embedding (wpe) and the untied "
+                                   "output head (lm_head) of a checkpoint or a freshly initialised preset.")
+    esub = p.add_subparsers(dest="embed_command", metavar="ACTION", required=True)
+
+    t = esub.add_parser("table", parents=[common], help="where the parameters live, as a table and a chart")
+    t.add_argument("--png", help="the chart's file (default embed-table-<model>.png in the current folder)")
+    t.set_defaults(func=cmd_table)
+
+    s = esub.add_parser("show", parents=[common], help="each token of a text: id, piece, row norm, first values")
+    s.add_argument("text")
+    s.add_argument("--values", type=int, default=6, help="how many leading values of each row to print (default 6)")
+    s.set_defaults(func=cmd_show)
+
+    c = esub.add_parser("compare", parents=[common], help="‖u‖, ‖v‖, u·v, cos θ and θ of two tokens or words, "
+                        "in the input table and in the output head")
+    c.add_argument("a", help=WORD_HELP)
+    c.add_argument("b", help=WORD_HELP)
+    c.set_defaults(func=cmd_compare)
+
+    n = esub.add_parser("neighbors", parents=[common], help="the tokens nearest to a token or word")
+    n.add_argument("word", help=WORD_HELP)
+    n.add_argument("-k", type=int, default=10, help="how many (default 10)")
+    n.add_argument("--metric", choices=["cos", "dot"], default="cos", help="cos θ (default) or the dot product")
+    n.add_argument("--table", choices=["input", "output"], default="input",
+                   help="the input table wte (default) or the output head lm_head")
+    n.set_defaults(func=cmd_neighbors)
+
+    po = esub.add_parser("positions", parents=[common], help="similarity between positions, as a heatmap and figures")
+    po.add_argument("--png", help="the heatmap's file (default embed-positions-<model>.png in the current folder)")
+    po.set_defaults(func=cmd_positions)
+
+    m = esub.add_parser("map", parents=[common], help="a 2-D PCA scatter of chosen tokens, labelled")
+    m.add_argument("words", nargs="*", metavar="WORD", help=WORD_HELP)
+    m.add_argument("--top", type=int, help="map the N most used segments instead of chosen words")
+    m.add_argument("--table", choices=["input", "output"], default="input", help="input (default) or output")
+    m.add_argument("--png", help="the picture's file (default embed-map-<model>.png in the current folder)")
+    m.set_defaults(func=cmd_map)
+
+    f = esub.add_parser("forward", parents=[common], help="the matrix x = wte[ids] + wpe[0:T] that enters block 1")
+    f.add_argument("text")
+    f.add_argument("--no-bos", action="store_true", help="leave out the BOS token every document starts with")
+    f.add_argument("--save", metavar="FILE.npy", help="write x (T × d, float32) to a .npy file")
+    f.set_defaults(func=cmd_forward)
+
+    e = esub.add_parser("export", parents=[common], help="vectors.tsv and metadata.tsv for the TensorFlow Embedding Projector")
+    e.add_argument("--projector", required=True, metavar="DIR", help="the folder to write the two files to")
+    e.add_argument("--table", choices=["input", "output"], default="input", help="input (default) or output")
+    e.set_defaults(func=cmd_export)
+
+    x = sub.add_parser("experiment", help="experiments that train several small models and compare them")
+    xsub = x.add_subparsers(dest="experiment_command", metavar="EXPERIMENT", required=True)
+    xp = xsub.add_parser("positions", help="learned vs sinusoidal vs rope vs no positions, on the same data",
+                         description="Train four models that differ only in their position scheme on identical data, "
+                                     "steps and seed; report validation bits per byte, the same on shuffled text, "
+                                     "and the loss at positions beyond the trained length. Writes positions.md, "
+                                     "positions.json and positions.png to --out.")
+    xp.add_argument("--data", help="a folder made by `andrea prepare` (default: the main job's cached data)")
+    xp.add_argument("--out", default="runs/positions", help="where to write runs and results (default runs/positions)")
+    xp.add_argument("--preset", default="andrea-tiny", help="model shape (default andrea-tiny); V comes from the data")
+    xp.add_argument("--steps", type=int, default=200, help="training steps per model (default 200; scale up for "
+                                                           "clearer differences)")
+    xp.add_argument("--seq-len", type=int, default=64, help="training length S; models get a context of 2S (default 64)")
+    xp.add_argument("--batch-size", type=int, default=16, help="sequences per step (default 16)")
+    xp.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default 2e-3)")
+    xp.add_argument("--seed", type=int, default=1337, help="one seed for all four runs (default 1337)")
+    xp.add_argument("--no-progress", action="store_true", help="no progress bars")
+    xp.add_argument("--json", action="store_true", help="machine-readable output")
+    xp.set_defaults(func=cmd_experiment_positions)
