@@ -1,0 +1,188 @@
+"""Training-step throughput of ANDREA against transformers' GPT2LMHeadModel of the same shape.
+
+One step = forward, mean cross-entropy, backward, AdamW step; fp32 on the CPU with every core.
+The peer has the same width, depth, heads, context and vocabulary, an untied head, the same
+activation (relu2 where ANDREA uses it), no dropout and SDPA attention; it differs in having
+biases on its linear layers (ANDREA's have none). Both compute the loss with the same
+`F.cross_entropy` call on their logits, and both use AdamW with torch's defaults and lr 3e-4.
+
+FLOPs per token F = 6·N + 12·L·T·d, with N all of ANDREA's parameters but the two lookup tables
+wte and wpe (the output head and the norm weights count) and 12·L·T·d the QKᵀ and AV products over
+the full T×T square (as nanoGPT and PaLM count them). The same F is used for both models: the
+peer's biases add no matmul work. The reference rate is a 2048² fp32 torch.mm with every thread,
+measured once per round between the steps so that it shares their conditions on a shared machine.
+
+    .venv/bin/python benchmarks/bench_train.py [--preset andrea-12m] [--batch 6] [--seq 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from andrea.config import PRESETS, count_params  # noqa: E402
+from andrea.model import ANDREA  # noqa: E402
+
+PEER_ACTIVATION = {"relu2": "relu2", "relu": "relu", "gelu": "gelu"}
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def matmul_rate(n: int = 2048, seconds: float = 0.5) -> float:
+    """fp32 FLOP/s of an n×n torch.mm, repeated for about `seconds`."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)
+    reps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        torch.mm(a, b)
+        reps += 1
+    return 2 * n**3 * reps / (time.perf_counter() - start)
+
+
+def load_average() -> str:
+    try:
+        return Path("/proc/loadavg").read_text().split()[0]
+    except OSError:
+        return "?"
+
+
+def build_peer(cfg):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    peer_cfg = GPT2Config(
+        vocab_size=cfg.vocab_size, n_positions=cfg.block_size, n_embd=cfg.n_embd, n_layer=cfg.n_layer,
+        n_head=cfg.n_head, activation_function=PEER_ACTIVATION[cfg.act], resid_pdrop=0.0, embd_pdrop=0.0,
+        attn_pdrop=0.0, layer_norm_epsilon=1e-5, tie_word_embeddings=False, bos_token_id=256, eos_token_id=256,
+        attn_implementation="sdpa",
+    )
+    peer = GPT2LMHeadModel(peer_cfg)
+    assert peer.config._attn_implementation == "sdpa", "the peer does not use SDPA attention"
+    assert peer.lm_head.weight.data_ptr() != peer.transformer.wte.weight.data_ptr(), "the peer's head is tied"
+    return peer
+
+
+def make_step(model, loss_of, x, y):
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+
+    def step() -> float:
+        opt.zero_grad(set_to_none=True)
+        loss = loss_of(x, y)
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    return step
+
+
+def time_steps(step, n: int) -> list[float]:
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default="andrea-12m", choices=list(PRESETS))
+    parser.add_argument("--batch", type=int, default=6, help="sequences per step (default 6)")
+    parser.add_argument("--seq", type=int, default=256, help="tokens per sequence (default 256)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps per model")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds; the order of the two models alternates")
+    parser.add_argument("--steps", type=int, default=2, help="timed steps per model per round")
+    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads (default all cores)")
+    args = parser.parse_args()
+
+    cfg = PRESETS[args.preset]
+    if not 1 <= args.seq <= cfg.block_size:
+        parser.error(f"--seq must be in 1..{cfg.block_size} (the context of {args.preset}).")
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+
+    ours = ANDREA(cfg)
+    peer = build_peer(cfg)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, cfg.vocab_size, (args.batch, args.seq), generator=g)
+    y = torch.randint(0, cfg.vocab_size, (args.batch, args.seq), generator=g)
+    steps = {
+        "andrea": make_step(ours, lambda x, y: ours(x, targets=y)[1], x, y),
+        "gpt2 (transformers)": make_step(
+            peer, lambda x, y: F.cross_entropy(peer(input_ids=x).logits.view(-1, cfg.vocab_size), y.view(-1)), x, y
+        ),
+    }
+    n_params = {"andrea": ours.num_params(), "gpt2 (transformers)": sum(p.numel() for p in peer.parameters())}
+
+    load_before = load_average()
+    for step in steps.values():
+        for _ in range(args.warmup):
+            step()
+    # the matmul rate is measured in every round too, so that it shares the steps' conditions
+    times, rates = {name: [] for name in steps}, []
+    for r in range(args.rounds):
+        order = list(steps) if r % 2 == 0 else list(reversed(steps))
+        for name in order:
+            times[name] += time_steps(steps[name], args.steps)
+        rates.append(matmul_rate())
+    peak = statistics.median(rates)
+    load_after = load_average()
+
+    d, L, T = cfg.n_embd, cfg.n_layer, args.seq
+    lookups = cfg.vocab_size * d + (cfg.block_size * d if cfg.pos == "learned" else 0)
+    n_mm = count_params(cfg) - lookups
+    flops_tok = 6 * n_mm + 12 * L * T * d
+    tokens = args.batch * args.seq
+
+    rows = {}
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        tps = tokens / med
+        rows[name] = (med, tps, flops_tok * tps / 1e9)
+    ratio = rows["andrea"][1] / rows["gpt2 (transformers)"][1]
+
+    import transformers
+
+    print(f"## Training step, {args.preset} shape, fp32 CPU\n")
+    print("| machine | value |\n|---|---|")
+    print(f"| cpu | {cpu_name()} |")
+    print(f"| cores / torch threads | {os.cpu_count()} / {torch.get_num_threads()} |")
+    print(f"| torch / transformers | {torch.__version__} / {transformers.__version__} |")
+    print(f"| date | {datetime.date.today().isoformat()} |")
+    print(f"| shape | d {d}, heads {cfg.n_head}, layers {L}, V {cfg.vocab_size:,}, context {cfg.block_size}, "
+          f"act {cfg.act} |")
+    print(f"| batch | {args.batch} × {args.seq} = {tokens:,} tokens per step |")
+    print(f"| steps timed | {args.rounds * args.steps} per model (median), after {args.warmup} warm-up |")
+    print(f"| FLOPs per token | 6·N + 12·L·T·d = 6 × {n_mm:,} + 12 × {L} × {T} × {d} = {flops_tok / 1e6:.1f} M |")
+    print(f"| fp32 matmul rate (2048² torch.mm, median of rounds) | {peak / 1e9:.1f} GFLOP/s |")
+    print(f"| load average (1 min) before / after | {load_before} / {load_after} |")
+    print()
+    print("| model | params | step (ms, median) | tokens/s | GFLOP/s | of matmul rate |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, (med, tps, gflops) in rows.items():
+        print(f"| {name} | {n_params[name]:,} | {med * 1e3:.0f} | {tps:,.0f} | {gflops:.1f} | "
+              f"{100 * gflops * 1e9 / peak:.0f}% |")
+    print()
+    print(f"andrea / gpt2 tokens per second: {ratio:.2f}×")
+
+
+if __name__ == "__main__":
+    main()
