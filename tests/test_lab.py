@@ -399,3 +399,48 @@ def test_fresh_preset_with_a_tokenizer_fits_its_vocabulary(tok, tmp_path):
     assert torch.equal(s.model.wte.weight, again.model.wte.weight)  # the seed fixes the rows
     bare = load_subject(preset="andrea-tiny")
     assert isinstance(bare.tokenizer, ByteTokenizer) and "bytes" in bare.tokenizer_note
+
+
+# ---------------------------------------------------------------- benchmarks/embedding_pairs.py
+
+
+def _pairs_module():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "embedding_pairs.py"
+    spec = importlib.util.spec_from_file_location("embedding_pairs", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_embedding_pairs_benchmark_reports_what_the_rows_hold(tmp_path, capsys):
+    pairs = _pairs_module()
+    words = [" cat", " dog", " pet", " king", " queen", " man", " woman", " Tuesday", " the"]  # no " xylophone"
+    t = HarrisTokenizer(words)
+    torch.manual_seed(0)
+    m = ANDREA(ModelConfig(vocab_size=t.vocab_size, n_embd=D, n_head=2, n_layer=1, block_size=16)).eval()
+    ids = {w.strip(): 257 + i for i, w in enumerate(words)}
+    # input table: animals along axis 0, royals along 1, people along 2, the rest on their own axes
+    for w, row in (("cat", [1, 0, 0]), ("dog", [1, 0.1, 0]), ("pet", [1, 0, 0.1]), ("king", [0, 1, 0]),
+                   ("queen", [0, 1, 0.1]), ("man", [0, 0, 1]), ("woman", [0.1, 0, 1]),
+                   ("Tuesday", [0, 0, 0, 1]), ("the", [0, 0, 0, 0, 1])):
+        set_row(m.wte.weight, ids[w], row)
+        set_row(m.lm_head.weight, ids[w], [-v for v in row[:3]] if w in ("cat", "king") else row)
+    rows = pairs.measure_pairs(m, t)
+    by = {(r["a"], r["b"]): r for r in rows}
+    assert by[("cat", "dog")]["input"] == pytest.approx(1 / math.sqrt(1.01))
+    assert by[("cat", "Tuesday")]["input"] == pytest.approx(0.0)
+    assert by[("cat", "xylophone")]["b_tokens"][0] == "<0x20>" and len(by[("cat", "xylophone")]["b_tokens"]) == 10
+    v_in = pairs.verdict(rows, "input")
+    assert v_in["pairwise_wins"] == v_in["pairwise_total"] == 12
+    assert "yes" in pairs.sentence("input", v_in)
+    # in the head, cat and king point the other way: their related pairs fall below the unrelated ones
+    v_out = pairs.verdict(rows, "output")
+    assert v_out["related_above_every_unrelated"] == 1  # only man / woman
+    assert "yes" not in pairs.sentence("output", v_out)
+    path = save_checkpoint(tmp_path / "pairs.safetensors", m.config, m.state_dict(), meta={"tokenizer": t.to_dict()})
+    assert pairs.main(["--checkpoint", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "| cat / dog | related | ␣cat | ␣dog | +0.995 |" in out and "mean of 10" in out and "single-token pairs" in out
