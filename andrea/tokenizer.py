@@ -28,14 +28,17 @@ Training, in full (HarrisTokenizer.train):
        letters, or the end of the word, follow p. Predecessor variety PV(s) is the same count
        read right to left: how many distinct letters, or the start, precede the suffix s.
     3. A word has a boundary after position i where SV of its prefix, or PV of its suffix, peaks
-       there (rises into i and does not rise after it: Hafer and Weiss's peak criterion). Its
-       start and end are boundaries by definition.
+       there (rises into i and does not rise after it: Hafer and Weiss's peak criterion) at a
+       value of 3 or more. Its start and end are boundaries by definition.
     4. Candidates: each piece between two boundaries of a word (the first piece keeps the word's
        leading space), whole words included, counted over the corpus. A candidate is two bytes or
        more (one byte is already a token) and occurs at least `min_count` times.
-    5. Keep the N candidates that save the most tokens: first by count x (bytes - 1), then a few
-       rounds that encode the corpus's words with the current set and swap segments that save
-       little for candidates that would save more.
+    5. Keep the N candidates that save the most tokens. Start from the 2N with the most bytes to
+       save (count x (bytes - 1)); then, until N remain, encode the corpus's words with the
+       current set and drop the quarter whose removal would cost the fewest extra tokens.
+    Frequent whole words (" the", " government") survive because word starts and ends are
+    boundaries; rarer words are spelled from the pieces between successor-variety peaks
+    (" un" + "believ" + "able").
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ import gzip
 import hashlib
 import json
 import multiprocessing
+import numbers
 import os
 import re
 from array import array
@@ -107,6 +111,7 @@ class SuccessorVariety:
     """
 
     END = "\0"  # marks the end (in SV) or the start (in PV) of a word
+    MIN_PEAK = 3  # a peak of 2 is noise: any two words that differ in one letter make one
 
     def __init__(self, words):
         self.words = sorted(set(words))
@@ -117,12 +122,18 @@ class SuccessorVariety:
         self.sv = Counter(p[:-1] for p in prefixes)
         self.pv = Counter(s[1:] for s in suffixes)
 
-    def boundaries(self, word: str) -> list[int]:
-        """Inner positions i (0 < i < len) where SV(word[:i]) or PV(word[i:]) peaks."""
-        n = len(word)
+    def peaks(self, word: str) -> tuple[list[int], list[int]]:
+        """Inner positions i (0 < i < len) where SV(word[:i]) peaks, and where PV(word[i:]) does."""
+        n, low = len(word), self.MIN_PEAK
         sv = [self.sv[word[:i]] for i in range(n + 1)]
         pv = [self.pv[word[i:]] for i in range(n + 1)]
-        return [i for i in range(1, n) if sv[i - 1] < sv[i] >= sv[i + 1] or pv[i + 1] < pv[i] >= pv[i - 1]]
+        return ([i for i in range(1, n) if sv[i - 1] < sv[i] >= max(sv[i + 1], low)],
+                [i for i in range(1, n) if pv[i + 1] < pv[i] >= max(pv[i - 1], low)])
+
+    def boundaries(self, word: str) -> list[int]:
+        """Inner positions where either variety peaks: the cuts inside the word."""
+        s, p = self.peaks(word)
+        return sorted(set(s).union(p))
 
     def profile(self, word: str) -> list[tuple[str, int, int]]:
         """(prefix, SV of the prefix, PV of the rest) for every split point 0..len(word)."""
@@ -142,20 +153,20 @@ def letter_word_counts(word_counts) -> Counter:
 # ---------------------------------------------------------------- counting words
 
 
-def _count_chunk(texts) -> Counter:
+def _count_texts(texts) -> Counter:
     counts = Counter()
     for t in texts:
         counts.update(WORD_RE.findall(t))
     return counts
 
 
-def _chunks(items, n_chunks):
-    """Consecutive slices of about equal total length (documents keep their order)."""
-    total = sum(map(len, items)) or 1
+def _chunks(items, n_chunks, key=len):
+    """Consecutive runs of items of about equal total key (documents keep their order)."""
+    total = sum(map(key, items)) or 1
     out, cur, size = [], [], 0
     for it in items:
         cur.append(it)
-        size += len(it)
+        size += key(it)
         if size >= total / n_chunks:
             out.append(cur)
             cur, size = [], 0
@@ -168,9 +179,29 @@ def _can_fork() -> bool:
     return "fork" in multiprocessing.get_all_start_methods()
 
 
-def _fork_pool(workers):
-    # fork gives every worker the parent's memory (the tokenizer and its warm cache) for free
-    return multiprocessing.get_context("fork").Pool(workers)
+# What forked workers read from the parent's memory (the texts, the tokenizer with its warm
+# cache), so that only slice bounds and results cross between processes.
+_shared = None
+
+
+def _map_forked(fn, shared, jobs, workers):
+    """fn(job) for every job on `workers` forked processes, in order; fn reads `_shared`."""
+    global _shared
+    _shared = shared
+    try:
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            yield from pool.imap(fn, jobs)
+    finally:
+        _shared = None
+
+
+def _count_slice(bounds) -> Counter:
+    return _count_texts(_shared[bounds[0] : bounds[1]])
+
+
+def _slices(texts, n) -> list[tuple[int, int]]:
+    """n or fewer consecutive (start, end) slices of texts of about equal length."""
+    return [(c[0], c[-1] + 1) for c in _chunks(list(range(len(texts))), n, key=lambda i: len(texts[i]))]
 
 
 def count_words(texts, weights=None, workers=None, progress=False) -> Counter:
@@ -187,28 +218,24 @@ def count_words(texts, weights=None, workers=None, progress=False) -> Counter:
             raise AndreaError(f"got {len(weights)} weights for {len(texts)} documents; give one weight per document.")
         groups = {}
         for t, w in zip(texts, weights):
-            if not w >= 0:
+            if not isinstance(w, numbers.Real) or not w >= 0:
                 raise AndreaError(f"document weights must be non-negative numbers, got {w!r}.")
             groups.setdefault(w, []).append(t)
-    size = sum(map(len, texts))
-    workers = workers or min(os.cpu_count() or 1, 8)
+    workers = workers or os.cpu_count() or 1
     total = Counter()
-    bar = tqdm(total=size, unit="B", unit_scale=True, desc="counting words", disable=not progress)
+    bar = tqdm(total=sum(map(len, texts)), unit="B", unit_scale=True, desc="counting words", disable=not progress)
     for weight, group in groups.items():
         if weight == 0:
             continue
-        n_chunks = max(1, min(4 * workers, len(group)))
-        chunks = _chunks(group, n_chunks if size >= PARALLEL_CHARS else 1)
-        counts = Counter()
-        if workers > 1 and len(chunks) > 1 and _can_fork():
-            with _fork_pool(workers) as pool:
-                for chunk, c in zip(chunks, pool.imap(_count_chunk, chunks)):
-                    counts.update(c)
-                    bar.update(sum(map(len, chunk)))
+        if workers > 1 and sum(map(len, group)) >= PARALLEL_CHARS and len(group) > 1 and _can_fork():
+            counts = Counter()
+            slices = _slices(group, 4 * workers)
+            for (a, b), c in zip(slices, _map_forked(_count_slice, group, slices, workers)):
+                counts.update(c)
+                bar.update(sum(map(len, group[a:b])))
         else:
-            for chunk in chunks:
-                counts.update(_count_chunk(chunk))
-                bar.update(sum(map(len, chunk)))
+            counts = _count_texts(group)
+            bar.update(sum(map(len, group)))
         if weight == 1:
             total.update(counts)
         else:
@@ -418,18 +445,10 @@ class HarrisTokenizer:
         workers = workers or os.cpu_count() or 1
         if workers < 2 or len(texts) < 2 or sum(map(len, texts)) < PARALLEL_CHARS or not _can_fork():
             return [self.encode(t, bos) for t in texts]
-        global _worker_tokenizer
-        _worker_tokenizer = self  # fork copies it into every worker with its warm cache
-        chunks = _chunks(texts, 4 * workers)
-        try:
-            with _fork_pool(workers) as pool:
-                parts = pool.map(_encode_chunk, [(c, bos) for c in chunks])
-        finally:
-            _worker_tokenizer = None
+        slices = _slices(texts, 4 * workers)
         out = []
-        for flat, lengths in parts:
-            flat = flat.tolist()
-            pos = 0
+        for flat, lengths in _map_forked(_encode_slice, (self, texts, bos), slices, workers):
+            flat, pos = flat.tolist(), 0
             for n in lengths:
                 out.append(flat[pos : pos + n])
                 pos += n
@@ -579,14 +598,11 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-_worker_tokenizer: HarrisTokenizer | None = None
-
-
-def _encode_chunk(job):
-    texts, bos = job
-    flat, lengths = array("i"), []
-    for t in texts:
-        ids = _worker_tokenizer.encode(t, bos)
+def _encode_slice(bounds):
+    tok, texts, bos = _shared
+    flat, lengths = array("i"), []  # an array crosses back to the parent as one block of bytes
+    for t in texts[bounds[0] : bounds[1]]:
+        ids = tok.encode(t, bos)
         flat.extend(ids)
         lengths.append(len(ids))
     return flat, lengths

@@ -264,6 +264,16 @@ def test_weights_scale_the_counts():
         harris.count_words(["a", "b"], weights=[1])
     with pytest.raises(AndreaError, match="non-negative"):
         harris.count_words(["a"], weights=[-1])
+    with pytest.raises(AndreaError, match="non-negative"):
+        harris.count_words(["a"], weights=["2"])
+
+
+def test_counting_on_several_processes_counts_the_same(text, monkeypatch):
+    docs = [text[i : i + 2000] for i in range(0, len(text), 2000)]
+    serial = harris.count_words(docs, workers=1)
+    monkeypatch.setattr(harris, "PARALLEL_CHARS", 1)
+    assert harris.count_words(docs, workers=2) == serial
+    assert serial == Counter(w for d in docs for w in WORD_RE.findall(d))
 
 
 def test_source_shares_become_document_weights(tmp_path):

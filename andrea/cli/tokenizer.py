@@ -109,18 +109,22 @@ def cmd_tokenizer_inspect(args) -> int:
     if stats is None:
         print("this tokenizer has no successor-variety statistics saved with it (a bare harris_segments.json), "
               "so only the encodings are shown.\n")
+    known_words = set(stats.words) if stats is not None else set()
     for word in args.words:
         print(word)
         if stats is not None:
             low = word.lower()
-            known = "a word type" if low in set(stats.words) else "not a word type"
+            known = "a word type" if low in known_words else "not a word type"
             print(f"  successor variety over {len(stats.words):,} word types ({low!r} is {known} of the corpus):")
-            cuts = set(stats.boundaries(low))
+            sv_peaks, pv_peaks = stats.peaks(low)
+            cuts = set(sv_peaks) | set(pv_peaks)
             w = max(len(low), 6)
             print(f"    {'prefix':>{w}} | {'suffix':<{w}}  SV  PV")
             for prefix, sv, pv in stats.profile(low):
-                mark = "  <- boundary" if len(prefix) in cuts else ""
-                print(f"    {prefix:>{w}} | {low[len(prefix):]:<{w}} {sv:>3} {pv:>3}{mark}")
+                i = len(prefix)
+                why = " and ".join(name for name, at in (("SV", sv_peaks), ("PV", pv_peaks)) if i in at)
+                mark = f"  <- boundary ({why} peak)" if why else ""
+                print(f"    {prefix:>{w}} | {low[i:]:<{w}} {sv:>3} {pv:>3}{mark}")
             bounds = [0, *sorted(cuts), len(low)]
             print(f"  boundaries: {'|'.join(low[i:j] for i, j in zip(bounds, bounds[1:]))}")
         for form in (word, " " + word):
