@@ -20,7 +20,7 @@ COMMAND_MODULES = [
     "andrea.cli.params",
     "andrea.cli.data",
     "andrea.cli.train",
-    "andrea.cli.embed",
+    "andrea.cli.generate",
 ]
 
 

@@ -1,0 +1,82 @@
+"""`andrea generate` and `andrea chat`: text from a checkpoint, streamed as it is produced."""
+
+from __future__ import annotations
+
+import sys
+
+
+def _sampling(args) -> dict:
+    from andrea.generate import check_sampling
+
+    check_sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
+    return dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                top_p=args.top_p, seed=args.seed, greedy=args.greedy)
+
+
+def cmd_generate(args) -> int:
+    from andrea.generate import load
+
+    sampling = _sampling(args)
+    prompt = args.prompt
+    if prompt is None:
+        prompt = sys.stdin.read()
+        if prompt.endswith("\n"):
+            prompt = prompt[:-1]
+    generator = load(args.checkpoint)
+    out = sys.stdout
+    for piece in generator.stream(prompt, **sampling):
+        out.write(piece)
+        out.flush()
+    out.write("\n")
+    out.flush()
+    return 0
+
+
+def cmd_chat(args) -> int:
+    from andrea.generate import load
+
+    sampling = _sampling(args)
+    chat = load(args.checkpoint).chat(**sampling)
+    out, interactive = sys.stdout, sys.stdin.isatty()
+    while True:
+        if interactive:
+            out.write("> ")
+            out.flush()
+        line = sys.stdin.readline()
+        line = line.rstrip("\r\n")
+        if not line.strip() or line.strip() == "/quit":
+            break
+        out.write("< ")
+        for piece in chat.reply(line):
+            out.write(piece)
+            out.flush()
+        out.write("\n")
+        out.flush()
+    return 0
+
+
+def _add_sampling_args(p) -> None:
+    p.add_argument("--checkpoint", required=True, help="a checkpoint file or a run folder (best, else latest)")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="most tokens to generate (default 256)")
+    p.add_argument("--temperature", type=float, default=1.0, help="divide the logits by T before sampling; 0 is greedy (default 1.0)")
+    p.add_argument("--top-k", type=int, default=None, help="sample only among the K most likely tokens")
+    p.add_argument("--top-p", type=float, default=None, help="sample only among the most likely tokens holding probability P (0 < P <= 1)")
+    p.add_argument("--seed", type=int, default=None, help="seed of the sampler: the same seed gives the same text")
+    p.add_argument("--greedy", action="store_true", help="always take the most likely token")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("generate", help="continue a prompt, streaming the text as it is produced",
+                       description="Continue a prompt with a trained model and print the new text (without the "
+                                   "prompt) as it is produced. Generation stops at BOS or after --max-new-tokens; past "
+                                   "the context, the window slides to its last half.")
+    _add_sampling_args(p)
+    p.add_argument("--prompt", help="the text to continue (default: standard input, less one final newline)")
+    p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("chat", help="talk with a model, one line each, in ANDREA's `> ` / `< ` turn format",
+                       description="Read a line, print the model's one-line answer after `< `, repeat. The history "
+                                   "stays within the context (the oldest turns are dropped). An empty line, /quit or "
+                                   "end of input ends the chat.")
+    _add_sampling_args(p)
+    p.set_defaults(func=cmd_chat)

@@ -1,0 +1,241 @@
+"""Generation: a preallocated KV cache, sampling, a sliding context window, streaming, chat.
+
+Each new token costs one position of compute: the prompt is run once through the model with a
+`KVCache`, then every sampled token is fed alone and its keys and values are appended.
+
+Sliding window. Positions are a learned table of `block_size` rows and cannot extrapolate, so a
+sequence never sits at positions past `block_size - 1`. The model sees a window `seq[w:]` of the
+whole sequence (prompt plus generated tokens), placed at positions 0, 1, ... When the window
+would grow past `block_size` tokens, it restarts from the last `block_size // 2` tokens
+(`window_keep`): the cache is reset and those tokens are run again at positions 0 ..; then
+decoding goes on one token at a time. A prompt longer than the context starts from its last
+`block_size // 2` tokens by the same rule. Keeping half the context costs one re-run of half a
+window every `block_size // 2` tokens, so the cost per token stays about one position. The path
+without a cache uses the same windows and recomputes the whole current window for every token,
+so both paths see the same context and give the same tokens.
+
+Sampling: logits / temperature, then top-k (keep the k largest), then top-p (keep the smallest
+set of most likely tokens whose probability reaches p), then one draw from a `torch.Generator`
+seeded with `seed`. Greedy (or temperature 0) takes the argmax. Generation stops at BOS (256),
+which is not returned, or after `max_new_tokens`.
+"""
+
+from __future__ import annotations
+
+import codecs
+import math
+from typing import Iterator
+
+import torch
+
+from andrea.errors import AndreaError
+from andrea.model import KVCache
+
+BOS = 256
+
+
+def window_keep(block_size: int) -> int:
+    """How many of the latest tokens a full window keeps when it slides."""
+    return max(1, block_size // 2)
+
+
+def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None) -> None:
+    """Raise an AndreaError naming the first sampling value out of range."""
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise AndreaError(f"max-new-tokens must be a positive integer, got {max_new_tokens!r}.")
+    if not isinstance(temperature, (int, float)) or not math.isfinite(temperature) or temperature < 0:
+        raise AndreaError(f"temperature must be a finite number >= 0 (0 means greedy), got {temperature!r}.")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise AndreaError(f"top-k must be an integer >= 1, got {top_k!r}.")
+    if top_p is not None and (not isinstance(top_p, (int, float)) or not 0 < top_p <= 1):
+        raise AndreaError(f"top-p must be in (0, 1], got {top_p!r}.")
+
+
+@torch.inference_mode()
+def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
+                top_p: float | None = None, greedy: bool = False, generator: torch.Generator | None = None) -> int:
+    """One token id from a (V,) vector of logits."""
+    if greedy or temperature == 0:
+        return int(logits.argmax())
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.numel():
+        kth = torch.topk(logits, top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, -math.inf)
+    probs = torch.softmax(logits, dim=-1)
+    if top_p is not None and top_p < 1:
+        sorted_probs, order = probs.sort(descending=True)
+        # drop a token when the tokens ranked above it already hold p; the first always stays
+        sorted_probs[sorted_probs.cumsum(0) - sorted_probs >= top_p] = 0
+        probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+@torch.inference_mode()
+def _last_logits(model, ids: list[int], cache: KVCache | None) -> torch.Tensor:
+    x = torch.tensor([ids], dtype=torch.long, device=model.wte.weight.device)
+    logits, _ = model(x, cache=cache)
+    return logits[0, -1]
+
+
+def _id_stream(model, seq: list[int], max_new_tokens: int, pick, use_cache: bool, stop_at_bos: bool) -> Iterator[int]:
+    T = model.config.block_size
+    keep = window_keep(T)
+    w = 0 if len(seq) <= T else len(seq) - keep
+    cache = None
+    if use_cache:
+        p = model.wte.weight
+        cache = KVCache(model.config, 1, device=p.device, dtype=p.dtype)
+    logits = _last_logits(model, seq[w:], cache)
+    for i in range(max_new_tokens):
+        tok = pick(logits)
+        if stop_at_bos and tok == BOS:
+            return
+        yield tok
+        if i + 1 == max_new_tokens:
+            return
+        seq.append(tok)
+        if len(seq) - w > T:  # the window is full: slide it and re-run what it keeps
+            w = len(seq) - keep
+            if cache is not None:
+                cache.reset()
+            logits = _last_logits(model, seq[w:], cache)
+        elif cache is not None:
+            logits = _last_logits(model, [tok], cache)
+        else:
+            logits = _last_logits(model, seq[w:], None)
+
+
+def stream_ids(model, prompt_ids, max_new_tokens: int = 256, temperature: float = 1.0, top_k: int | None = None,
+               top_p: float | None = None, seed: int | None = None, greedy: bool = False, use_cache: bool = True,
+               stop_at_bos: bool = True) -> Iterator[int]:
+    """Yield new token ids one at a time as they are sampled (the prompt is not repeated).
+
+    Arguments are checked here, before the first token; `stop_at_bos=False` lets a BOS through
+    as an ordinary token (for measurements that need a run of fixed length).
+    """
+    check_sampling(max_new_tokens, temperature, top_k, top_p)
+    seq = [int(t) for t in prompt_ids]
+    if not seq:
+        raise AndreaError("the prompt is empty; give at least one token.")
+    V = model.config.vocab_size
+    bad = [t for t in seq if not 0 <= t < V]
+    if bad:
+        raise AndreaError(f"token id {bad[0]} is out of range: ids must be in 0..{V - 1} (V = {V}).")
+    generator = torch.Generator(device=model.wte.weight.device)
+    if seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(seed)
+
+    def pick(logits):
+        return sample_next(logits, temperature, top_k, top_p, greedy, generator)
+
+    return _id_stream(model, seq, max_new_tokens, pick, use_cache, stop_at_bos)
+
+
+def generate_ids(model, prompt_ids, max_new_tokens: int = 256, temperature: float = 1.0, top_k: int | None = None,
+                 top_p: float | None = None, seed: int | None = None, greedy: bool = False, use_cache: bool = True,
+                 stop_at_bos: bool = True) -> list[int]:
+    """The new token ids after prompt_ids (see `stream_ids`)."""
+    return list(stream_ids(model, prompt_ids, max_new_tokens, temperature, top_k, top_p, seed, greedy,
+                           use_cache, stop_at_bos))
+
+
+def stream_text_pieces(tokenizer, ids: Iterator[int]) -> Iterator[str]:
+    """Text of a stream of token ids, piece by piece, never splitting a multi-byte character.
+
+    Bytes that are not valid UTF-8 come out as U+FFFD, as `bytes.decode(errors='replace')` does.
+    """
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    for tok in ids:
+        piece = decoder.decode(tokenizer.token_bytes(tok))
+        if piece:
+            yield piece
+    tail = decoder.decode(b"", final=True)
+    if tail:
+        yield tail
+
+
+class TextGenerator:
+    """A model and its tokenizer, ready to turn prompts into text."""
+
+    def __init__(self, model, tokenizer):
+        if tokenizer.vocab_size != model.config.vocab_size:
+            raise AndreaError(f"the tokenizer has V = {tokenizer.vocab_size} but the model has V = {model.config.vocab_size}.")
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.config = model.config
+
+    def encode_prompt(self, prompt: str) -> list[int]:
+        if not isinstance(prompt, str) or not prompt:
+            raise AndreaError("the prompt is empty; give some text to continue.")
+        return self.tokenizer.encode(prompt, bos=True)
+
+    def stream(self, prompt: str, max_new_tokens: int = 256, temperature: float = 1.0, top_k: int | None = None,
+               top_p: float | None = None, seed: int | None = None, greedy: bool = False) -> Iterator[str]:
+        """Yield the continuation of prompt as text pieces, as they are produced."""
+        ids = stream_ids(self.model, self.encode_prompt(prompt), max_new_tokens, temperature, top_k, top_p, seed, greedy)
+        return stream_text_pieces(self.tokenizer, ids)
+
+    def generate(self, prompt: str, max_new_tokens: int = 256, temperature: float = 1.0, top_k: int | None = None,
+                 top_p: float | None = None, seed: int | None = None, greedy: bool = False) -> str:
+        """The continuation of prompt (without the prompt)."""
+        return "".join(self.stream(prompt, max_new_tokens, temperature, top_k, top_p, seed, greedy))
+
+    def chat(self, max_new_tokens: int = 256, **sampling) -> "Chat":
+        return Chat(self, max_new_tokens, **sampling)
+
+
+class Chat:
+    """A conversation in ANDREA's turn format: `> ` starts the person's line, `< ` the model's.
+
+    The model sees BOS, then the turns so far, then `> line\\n< `, and its reply ends at the first
+    newline (or BOS, or max_new_tokens). The oldest turns are dropped whenever the conversation
+    plus room for a reply (max_new_tokens, at most half the context) would not fit the context.
+    """
+
+    def __init__(self, generator: TextGenerator, max_new_tokens: int = 256, temperature: float = 1.0,
+                 top_k: int | None = None, top_p: float | None = None, seed: int | None = None, greedy: bool = False):
+        check_sampling(max_new_tokens, temperature, top_k, top_p)
+        self.generator = generator
+        self.max_new_tokens = max_new_tokens
+        self.sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy)
+        self.seed = seed
+        self.turns: list[tuple[str, str]] = []
+        self.n_replies = 0
+
+    def prompt_ids(self, line: str) -> list[int]:
+        """The ids the model sees before replying to line, after dropping turns that do not fit."""
+        room = self.generator.config.block_size - min(self.max_new_tokens, window_keep(self.generator.config.block_size))
+        while True:
+            text = "".join(f"> {person}\n< {model}\n" for person, model in self.turns) + f"> {line}\n< "
+            ids = self.generator.tokenizer.encode(text, bos=True)
+            if len(ids) <= room or not self.turns:
+                return ids
+            self.turns.pop(0)
+
+    def reply(self, line: str) -> Iterator[str]:
+        """Stream the model's answer to line; the turn joins the history once the answer ends."""
+        line = line.replace("\n", " ")
+        seed = None if self.seed is None else self.seed + self.n_replies
+        self.n_replies += 1
+        ids = stream_ids(self.generator.model, self.prompt_ids(line), self.max_new_tokens, seed=seed, **self.sampling)
+        answer = []
+        for piece in stream_text_pieces(self.generator.tokenizer, ids):
+            piece, newline, _ = piece.partition("\n")
+            if piece:
+                answer.append(piece)
+                yield piece
+            if newline:
+                break
+        self.turns.append((line, "".join(answer)))
+
+
+def load(path, device="cpu") -> TextGenerator:
+    """A TextGenerator for the checkpoint at path (a file or a run folder)."""
+    from andrea.checkpoint import load_model
+
+    model, tokenizer, _ = load_model(path, device)
+    if tokenizer is None:
+        raise AndreaError(f"the checkpoint {path} holds no tokenizer, so it cannot turn text into tokens.")
+    return TextGenerator(model, tokenizer)

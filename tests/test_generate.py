@@ -1,0 +1,446 @@
+"""Generation: KV cache against recomputation, the sliding window, sampling, streaming, chat, CLI."""
+
+import io
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import andrea
+from andrea.checkpoint import save_checkpoint
+from andrea.cli import main
+from andrea.config import ModelConfig
+from andrea.errors import AndreaError
+from andrea.generate import (BOS, Chat, TextGenerator, generate_ids, sample_next, stream_ids, stream_text_pieces,
+                             window_keep)
+from andrea.model import ANDREA
+from andrea.tokenizer import HarrisTokenizer
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """These models are tiny: one thread beats two, and by far when other work shares the cores."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+class ByteTokenizer:
+    """A minimal tokenizer with HarrisTokenizer's interface: ids 0-255 are bytes, 256 is BOS, and
+    ids 257.. are the given segments (raw bytes each)."""
+
+    BOS = 256
+
+    def __init__(self, segments=()):
+        self.segments = [s.encode() if isinstance(s, str) else bytes(s) for s in segments]
+        self.vocab_size = 257 + len(self.segments)
+
+    def token_bytes(self, i):
+        if i < 256:
+            return bytes([i])
+        return b"" if i == BOS else self.segments[i - 257]
+
+    def encode(self, text, bos=True):
+        return ([BOS] if bos else []) + list(text.encode())
+
+    def decode_bytes(self, ids):
+        return b"".join(self.token_bytes(i) for i in ids)
+
+    def decode(self, ids):
+        return self.decode_bytes(ids).decode("utf-8", "replace")
+
+
+def tiny_model(block_size=64, vocab_size=300, seed=0, n_embd=32, n_head=4, **changes):
+    """A 2-layer model with unit-scale random weights: attention and logits far from uniform, so
+    the tokens it picks depend on the context it sees."""
+    torch.manual_seed(seed)
+    cfg = ModelConfig(vocab_size=vocab_size, n_embd=n_embd, n_head=n_head, n_layer=2, block_size=block_size, **changes)
+    model = ANDREA(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 1.0 / math.sqrt(p.shape[1]))
+    return model
+
+
+def constant_model(token, vocab_size=300):
+    """A model whose logits are 32 for `token` and 0 for every other id, whatever the input."""
+    model = tiny_model(vocab_size=vocab_size)
+    with torch.no_grad():
+        model.ln_f.weight.zero_()
+        model.ln_f.bias.fill_(1.0)
+        model.lm_head.weight.zero_()
+        model.lm_head.weight[token] = 1.0
+    return model
+
+
+def reference_greedy(model, prompt, n):
+    """Greedy decoding written out plainly: before each token, slide the window by the documented
+    rule, then run the whole window from position 0 and take the argmax of the last logits."""
+    T, keep = model.config.block_size, model.config.block_size // 2
+    seq, out = list(prompt), []
+    w = 0 if len(seq) <= T else len(seq) - keep
+    with torch.no_grad():
+        for _ in range(n):
+            if len(seq) - w > T:
+                w = len(seq) - keep
+            logits, _ = model(torch.tensor([seq[w:]]))
+            tok = int(logits[0, -1].argmax())
+            out.append(tok)
+            seq.append(tok)
+    return out
+
+
+def random_prompt(n, vocab_size=300, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab_size, (n,), generator=g).tolist()
+
+
+# ---------------------------------------------------------------- the cache and the window
+
+
+def test_cache_matches_recomputation_for_200_tokens_past_a_900_token_prompt():
+    # context 1024: the window fills after 124 new tokens and slides to its last 512, so the
+    # two paths must agree across the slide. BOS is an ordinary token here (stop_at_bos=False)
+    # so that every run makes exactly 200 tokens. Width 16 keeps the 200 recomputed windows quick.
+    model = tiny_model(block_size=1024, n_embd=16, n_head=2)
+    prompt = random_prompt(900)
+    cached = generate_ids(model, prompt, 200, greedy=True, stop_at_bos=False)
+    recomputed = generate_ids(model, prompt, 200, greedy=True, stop_at_bos=False, use_cache=False)
+    assert len(cached) == 200
+    assert cached == recomputed
+    assert cached == reference_greedy(model, prompt, 200)
+    assert len(set(cached)) > 20  # a real sequence, not one token repeated
+
+
+@pytest.mark.parametrize("pos", ["learned", "sinusoidal", "rope", "none"])
+def test_prompt_longer_than_the_context_slides_the_same_way_on_both_paths(pos):
+    model = tiny_model(block_size=32, pos=pos)
+    prompt = random_prompt(80)
+    cached = generate_ids(model, prompt, 70, greedy=True, stop_at_bos=False)
+    assert cached == generate_ids(model, prompt, 70, greedy=True, stop_at_bos=False, use_cache=False)
+    assert cached == reference_greedy(model, prompt, 70)
+
+
+def test_the_window_keeps_the_last_half():
+    # the tokens after a slide depend only on the kept half: changing an earlier token changes nothing
+    model = tiny_model(block_size=32)
+    prompt = random_prompt(40)
+    changed = list(prompt)
+    changed[40 - 16 - 1] = (changed[40 - 16 - 1] + 1) % 300  # just outside the kept 16
+    assert window_keep(32) == 16
+    assert generate_ids(model, prompt, 10, greedy=True) == generate_ids(model, changed, 10, greedy=True)
+    changed = list(prompt)
+    changed[40 - 16] = (changed[40 - 16] + 1) % 300  # the first kept token
+    assert generate_ids(model, prompt, 10, greedy=True) != generate_ids(model, changed, 10, greedy=True)
+
+
+def positions_run(model, prompt, n, use_cache):
+    """How many positions the model computes to make n tokens."""
+    seen = []
+    hook = model.register_forward_pre_hook(lambda m, args, kwargs: seen.append(args[0].shape[1]), with_kwargs=True)
+    try:
+        generate_ids(model, prompt, n, greedy=True, stop_at_bos=False, use_cache=use_cache)
+    finally:
+        hook.remove()
+    return seen
+
+
+def test_each_new_token_costs_one_position_with_the_cache():
+    model = tiny_model(block_size=64)
+    # no slide: the prompt once, then one position per token (the last token is never fed back)
+    assert positions_run(model, random_prompt(10), 30, True) == [10] + [1] * 29
+    # one slide at 64 tokens: the kept 32 are run again once, then one position per token
+    seen = positions_run(model, random_prompt(50), 30, True)
+    assert seen == [50] + [1] * 14 + [32] + [1] * 14
+    # without the cache every token recomputes its whole window
+    assert sum(positions_run(model, random_prompt(10), 30, False)) == sum(range(10, 40))
+
+
+# ---------------------------------------------------------------- sampling
+
+
+def test_top_k_1_and_tiny_top_p_and_temperature_0_equal_greedy():
+    model = tiny_model()
+    prompt = random_prompt(12)
+    greedy = generate_ids(model, prompt, 40, greedy=True, stop_at_bos=False)
+    kw = dict(stop_at_bos=False, seed=7)
+    assert generate_ids(model, prompt, 40, top_k=1, **kw) == greedy
+    assert generate_ids(model, prompt, 40, top_p=1e-6, **kw) == greedy
+    assert generate_ids(model, prompt, 40, temperature=0, **kw) == greedy
+    assert generate_ids(model, prompt, 40, temperature=1e-4, **kw) == greedy
+    assert generate_ids(model, prompt, 40, **kw) != greedy  # plain sampling does wander off
+
+
+def test_same_seed_same_tokens_and_different_seeds_differ():
+    model = tiny_model()
+    prompt = random_prompt(12)
+    a = generate_ids(model, prompt, 40, seed=1, stop_at_bos=False)
+    assert a == generate_ids(model, prompt, 40, seed=1, stop_at_bos=False)
+    assert a == generate_ids(model, prompt, 40, seed=1, stop_at_bos=False, use_cache=False)
+    assert a != generate_ids(model, prompt, 40, seed=2, stop_at_bos=False)
+    assert a != generate_ids(model, prompt, 40, seed=3, stop_at_bos=False)
+
+
+def draws(logits, n=2000, **kw):
+    g = torch.Generator().manual_seed(0)
+    return torch.bincount(torch.tensor([sample_next(logits, generator=g, **kw) for _ in range(n)]), minlength=5)
+
+
+def test_sample_next_follows_softmax_and_cuts_by_top_k_and_top_p():
+    logits = torch.tensor([3.0, 2.0, 1.0, 0.0, -1.0])
+    p = torch.softmax(logits, 0)  # 0.636 0.234 0.086 0.032 0.012
+    counts = draws(logits)
+    assert ((counts / 2000 - p).abs() < 0.04).all()
+    assert (draws(logits, top_k=2)[2:] == 0).all() and (draws(logits, top_k=2)[:2] > 0).all()
+    # top-p 0.7: token 1 stays (the tokens above it hold 0.636 < 0.7), token 2 goes (0.870)
+    assert (draws(logits, top_p=0.7)[2:] == 0).all() and draws(logits, top_p=0.7)[1] > 0
+    assert draws(logits, top_p=0.5).tolist() == [2000, 0, 0, 0, 0]
+    assert (draws(logits, temperature=100.0) > 300).all()  # a high temperature flattens
+    assert draws(logits, temperature=0.05).tolist() == [2000, 0, 0, 0, 0]
+
+
+@pytest.mark.parametrize("kw, word", [
+    (dict(temperature=-1.0), "temperature"), (dict(temperature=float("nan")), "temperature"),
+    (dict(temperature=float("inf")), "temperature"), (dict(top_k=0), "top-k"), (dict(top_k=-3), "top-k"),
+    (dict(top_k=2.5), "top-k"), (dict(top_p=0.0), "top-p"), (dict(top_p=1.5), "top-p"),
+    (dict(top_p=-0.1), "top-p"), (dict(max_new_tokens=0), "max-new-tokens"),
+    (dict(max_new_tokens=-5), "max-new-tokens"),
+])
+def test_invalid_sampling_values_are_refused_before_any_work(kw, word):
+    model = tiny_model()
+    args = {"max_new_tokens": 5, **kw}
+    with pytest.raises(AndreaError, match=word):
+        stream_ids(model, [1, 2, 3], **args)  # raised by the call itself, not at the first token
+
+
+def test_empty_or_out_of_range_prompt_ids_are_refused():
+    model = tiny_model()
+    with pytest.raises(AndreaError, match="empty"):
+        generate_ids(model, [], 5)
+    with pytest.raises(AndreaError, match="V = 300"):
+        generate_ids(model, [1, 300], 5)
+
+
+def test_generation_stops_at_bos_and_does_not_return_it():
+    model = constant_model(BOS)
+    assert generate_ids(model, [1, 2], 5, seed=0) == []
+    assert generate_ids(model, [1, 2], 5, greedy=True, stop_at_bos=False) == [BOS] * 5
+    assert generate_ids(constant_model(65), [1, 2], 5, seed=0) == [65] * 5
+
+
+# ---------------------------------------------------------------- text and streaming
+
+
+def test_streamed_text_never_splits_a_multibyte_character():
+    text = "héllo wörld → 🙂 ✓"
+    tok = ByteTokenizer()
+    pieces = list(stream_text_pieces(tok, iter(text.encode())))
+    assert pieces == list(text)  # each character comes out whole, once its last byte arrives
+
+
+def test_invalid_bytes_become_replacement_characters():
+    tok = ByteTokenizer()
+    assert "".join(stream_text_pieces(tok, iter([0xFF, 0x41]))) == "\ufffdA"
+    assert "".join(stream_text_pieces(tok, iter([0x41, 0xE2, 0x82]))) == "A\ufffd"  # cut at the end
+    assert "".join(stream_text_pieces(tok, iter([0xE2, 0x82, 0xAC, BOS]))) == "€"
+
+
+def test_streamed_segments_join_to_the_decoded_ids():
+    tok = ByteTokenizer(["\xe9t\xe9", b"\xf0\x9f", b"\x99\x82!"])  # a segment can end mid-character
+    ids = [257, 32, 258, 259, 65]
+    pieces = list(stream_text_pieces(tok, iter(ids)))
+    assert "".join(pieces) == tok.decode(ids) == "été 🙂!A"
+    assert "\ufffd" not in "".join(pieces)
+
+
+@pytest.fixture(scope="module")
+def harris():
+    words = "the cat sat on the mat; the dog ran after the cats, and the cats ran off. unbelievable " \
+            "rethinking reading readers walked talking talked walking jumped jumping quickly slowly"
+    return HarrisTokenizer.train([words + " " + w for w in words.split()] * 3, 24, workers=1)
+
+
+@pytest.mark.parametrize("which", ["bytes", "harris"])
+def test_text_generator_generate_and_stream_agree_with_ids(which, harris):
+    tok = ByteTokenizer() if which == "bytes" else harris
+    model = tiny_model(vocab_size=tok.vocab_size)
+    gen = TextGenerator(model, tok)
+    prompt = "the cat é "
+    ids = generate_ids(model, tok.encode(prompt, bos=True), 30, greedy=True)
+    text = gen.generate(prompt, max_new_tokens=30, greedy=True)
+    assert text == tok.decode_bytes(ids).decode("utf-8", "replace")
+    assert "".join(gen.stream(prompt, max_new_tokens=30, greedy=True)) == text
+    assert gen.generate(prompt, max_new_tokens=30, seed=5) == gen.generate(prompt, max_new_tokens=30, seed=5)
+    with pytest.raises(AndreaError, match="empty"):
+        gen.generate("")
+    if which == "harris":
+        assert any(i > BOS for i in tok.encode(prompt))  # the prompt uses segments
+
+
+def test_text_generator_refuses_a_tokenizer_of_another_size():
+    with pytest.raises(AndreaError, match="V = 258"):
+        TextGenerator(tiny_model(vocab_size=300), ByteTokenizer(["ab"]))
+
+
+# ---------------------------------------------------------------- chat
+
+
+def test_chat_reply_ends_at_the_newline_and_joins_the_history():
+    tok = ByteTokenizer(["ok\nnot this"])
+    chat = Chat(TextGenerator(constant_model(257, vocab_size=258), tok), max_new_tokens=10, greedy=True)
+    assert list(chat.reply("hi")) == ["ok"]
+    assert chat.turns == [("hi", "ok")]
+    assert tok.decode(chat.prompt_ids("again")) == "> hi\n< ok\n> again\n< "
+    assert chat.prompt_ids("again")[0] == BOS
+
+
+def test_chat_drops_the_oldest_turns_to_stay_within_the_context():
+    tok = ByteTokenizer()
+    model = tiny_model(block_size=64, vocab_size=257)
+    chat = Chat(TextGenerator(model, tok), max_new_tokens=8, seed=0)
+    room = 64 - 8
+    for i in range(8):
+        "".join(chat.reply(f"line {i} of the chat"))
+        assert len(chat.prompt_ids("next")) <= room
+    assert 0 < len(chat.turns) < 8
+    assert chat.turns[-1][0] == "line 7 of the chat"
+    assert [t[0] for t in chat.turns] == [f"line {i} of the chat" for i in range(8 - len(chat.turns), 8)]
+
+
+# ---------------------------------------------------------------- checkpoints and the command line
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory, harris):
+    model = tiny_model(vocab_size=harris.vocab_size)
+    path = tmp_path_factory.mktemp("gen") / "model.safetensors"
+    save_checkpoint(path, model.config, model.state_dict(), None, {"step": 0, "tokenizer": harris.to_dict()})
+    return path
+
+
+def run(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_sentence_error(code, out, err):
+    assert code == 2
+    assert out == ""
+    assert "Traceback" not in err
+    assert err.count("\n") == 1 and err.startswith("andrea: error: ") and err.rstrip().endswith(".")
+
+
+def test_load_gives_a_ready_generator(ckpt, harris):
+    gen = andrea.load(ckpt)
+    assert gen.tokenizer.to_dict() == harris.to_dict()
+    assert gen.config == gen.model.config and gen.config.vocab_size == harris.vocab_size
+    text = gen.generate("the cat", max_new_tokens=20, greedy=True)
+    assert "".join(gen.stream("the cat", max_new_tokens=20, greedy=True)) == text
+    ids = generate_ids(gen.model, harris.encode("the cat"), 20, greedy=True)
+    assert text == harris.decode_bytes(ids).decode("utf-8", "replace")
+
+
+def test_cli_generate_prints_the_continuation(ckpt, capsys):
+    code, out, err = run(capsys, "generate", "--checkpoint", ckpt, "--prompt", "the dog", "--greedy",
+                         "--max-new-tokens", "25")
+    assert code == 0 and err == ""
+    assert out == andrea.load(ckpt).generate("the dog", max_new_tokens=25, greedy=True) + "\n"
+
+
+def test_cli_generate_reads_the_prompt_from_stdin(ckpt, capsys, monkeypatch):
+    args = ("generate", "--checkpoint", ckpt, "--max-new-tokens", "25", "--seed", "3", "--top-k", "20", "--top-p", "0.9")
+    monkeypatch.setattr(sys, "stdin", io.StringIO("the dog\n"))
+    code, from_stdin, _ = run(capsys, *args)
+    assert code == 0
+    assert run(capsys, *args, "--prompt", "the dog") == (0, from_stdin, "")
+
+
+class FlushRecorder(io.StringIO):
+    """Stands in for stdout and records what each flush made visible."""
+
+    def __init__(self):
+        super().__init__()
+        self.flushed = []
+
+    def flush(self):
+        self.flushed.append(self.getvalue())
+
+
+def test_cli_generate_streams_piece_by_piece(ckpt, monkeypatch):
+    out = FlushRecorder()
+    monkeypatch.setattr(sys, "stdout", out)
+    assert main(["generate", "--checkpoint", str(ckpt), "--prompt", "the", "--greedy", "--max-new-tokens", "20"]) == 0
+    pieces = list(andrea.load(ckpt).stream("the", max_new_tokens=20, greedy=True))
+    assert len(pieces) > 3
+    # after the k-th flush exactly the first k pieces are out: text appears as it is produced
+    for k in range(1, len(pieces) + 1):
+        assert out.flushed[k - 1] == "".join(pieces[:k])
+
+
+def test_cli_chat_from_a_pipe(ckpt, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("hello there\nhow are you\n\nnever read\n"))
+    code, out, err = run(capsys, "chat", "--checkpoint", ckpt, "--max-new-tokens", "12", "--seed", "0")
+    assert code == 0 and err == ""
+    lines = out.split("\n")
+    assert lines[-1] == "" and len(lines) == 3 and all(line.startswith("< ") for line in lines[:2])
+    chat = andrea.load(ckpt).chat(max_new_tokens=12, seed=0)
+    assert lines[:2] == ["< " + "".join(chat.reply("hello there")), "< " + "".join(chat.reply("how are you"))]
+    for stdin, n in (("one\n/quit\ntwo\n", 1), ("one\ntwo", 2), ("", 0)):
+        monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+        code, out, _ = run(capsys, "chat", "--checkpoint", ckpt, "--max-new-tokens", "5", "--seed", "0")
+        assert code == 0 and out.count("\n") == n and out.count("< ") >= n
+
+
+def bad_checkpoints(tmp, harris):
+    model = tiny_model(vocab_size=harris.vocab_size)
+    (tmp / "garbage.safetensors").write_bytes(b"\x00\x01 not a checkpoint at all" * 10)
+    save_checkpoint(tmp / "no_tokenizer.safetensors", model.config, model.state_dict(), None, {"step": 0})
+    other = tiny_model(vocab_size=harris.vocab_size + 3)
+    save_checkpoint(tmp / "other_v.safetensors", other.config, other.state_dict(), None,
+                    {"step": 0, "tokenizer": harris.to_dict()})
+    forged = {**harris.to_dict(), "fingerprint": "0" * 64}
+    save_checkpoint(tmp / "forged.safetensors", model.config, model.state_dict(), None, {"step": 0, "tokenizer": forged})
+
+
+@pytest.mark.parametrize("argv, word", [
+    (["generate", "--checkpoint", "{tmp}/missing.safetensors", "--prompt", "x"], "does not exist"),
+    (["generate", "--checkpoint", "{tmp}/garbage.safetensors", "--prompt", "x"], "not a readable checkpoint"),
+    (["generate", "--checkpoint", "{tmp}/no_tokenizer.safetensors", "--prompt", "x"], "no tokenizer"),
+    (["generate", "--checkpoint", "{tmp}/other_v.safetensors", "--prompt", "x"], "V ="),
+    (["chat", "--checkpoint", "{tmp}/forged.safetensors"], "fingerprint"),
+    (["generate", "--checkpoint", "{ckpt}", "--prompt", ""], "empty"),
+    (["generate", "--checkpoint", "{ckpt}", "--prompt", "x", "--top-p", "1.5"], "top-p"),
+    (["generate", "--checkpoint", "{ckpt}", "--prompt", "x", "--temperature", "-1"], "temperature"),
+    (["generate", "--checkpoint", "{ckpt}", "--prompt", "x", "--top-k", "0"], "top-k"),
+    (["chat", "--checkpoint", "{ckpt}", "--max-new-tokens", "0"], "max-new-tokens"),
+])
+def test_cli_errors_are_one_sentence_and_exit_2(argv, word, tmp_path, ckpt, harris, capsys):
+    bad_checkpoints(tmp_path, harris)
+    code, out, err = run(capsys, *[a.format(tmp=tmp_path, ckpt=ckpt) for a in argv])
+    assert_one_sentence_error(code, out, err)
+    assert word in err
+
+
+def test_cli_empty_prompt_from_stdin_is_refused(ckpt, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("\n"))
+    assert_one_sentence_error(*run(capsys, "generate", "--checkpoint", ckpt))
+
+
+def test_cli_in_a_real_process(ckpt, tmp_path):
+    cmd = [sys.executable, "-m", "andrea"]
+    p = subprocess.run(cmd + ["generate", "--checkpoint", str(tmp_path / "nope.safetensors"), "--prompt", "x"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert_one_sentence_error(p.returncode, p.stdout, p.stderr)
+    p = subprocess.run(cmd + ["chat", "--checkpoint", str(ckpt), "--max-new-tokens", "6", "--seed", "1"],
+                       input="hello\nand again\n", capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert p.returncode == 0 and p.stderr == ""
+    lines = p.stdout.split("\n")
+    assert len(lines) == 3 and lines[2] == "" and all(line.startswith("< ") for line in lines[:2])
