@@ -1,0 +1,320 @@
+"""Model files other than our own checkpoint: ANDREA's `.bin`, a portable JSON model, Hugging Face.
+
+Every reader returns a `Checkpoint` (andrea.checkpoint) plus a list of notes (what layout it found,
+what it had to assume), and every writer takes one, so any format converts to any other through
+the native form:
+
+    native   one safetensors file written by `save_checkpoint` (or a run folder holding one)
+    bin      ANDREA's released checkpoint: step, n, weights, Adam m, Adam v, as little-endian f32
+             (formats/bin.py); a folder with a .bin, harris_segments.json and a config JSON too
+    json     a portable JSON model for the standard-library engine (formats/portable.py)
+    hf       a Hugging Face GPT2LMHeadModel folder (formats/hf.py)
+
+`detect_format` tells them apart by content, never by file name. No reader runs code from a file:
+nothing here unpickles.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import torch
+
+from andrea.checkpoint import Checkpoint
+from andrea.config import ModelConfig
+from andrea.errors import AndreaError
+
+FORMATS = ("native", "bin", "json", "hf")
+RELEASE_CONFIG = "config.json"  # the config file of a release folder this package writes
+SEGMENTS_FILE = "harris_segments.json"
+
+
+# ---------------------------------------------------------------- the parameters of a config
+
+
+def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every parameter's name and shape, in the model's (and the .bin's) order."""
+    from andrea.model import ANDREA
+
+    with torch.device("meta"):
+        model = ANDREA(cfg)
+    return {name: tuple(p.shape) for name, p in model.named_parameters()}
+
+
+def check_weights(cfg: ModelConfig, state: dict, where: str) -> dict[str, torch.Tensor]:
+    """state's tensors as float32, in model order, after checking names, shapes and values."""
+    shapes = param_shapes(cfg)
+    for name in state:
+        if name not in shapes:
+            raise AndreaError(f"{where} has a weight {name} that the config has no place for.")
+    out = {}
+    for name, shape in shapes.items():
+        if name not in state:
+            raise AndreaError(f"{where} has no weight {name}, which the config needs.")
+        t = state[name]
+        if tuple(t.shape) != shape:
+            raise AndreaError(f"{where}: weight {name} has shape {list(t.shape)}, but the config needs {list(shape)}.")
+        if not t.is_floating_point():
+            raise AndreaError(f"{where}: weight {name} holds {t.dtype} values, not floats.")
+        if not torch.isfinite(t).all():
+            raise AndreaError(f"{where}: weight {name} holds NaN or infinite values.")
+        out[name] = t.float()
+    return out
+
+
+def is_table(name: str) -> bool:
+    """The embedding tables: one row per token or position."""
+    return name in ("wte.weight", "wpe.weight")
+
+
+def is_norm(name: str) -> bool:
+    return ".ln_" in name or name.startswith("ln_f.")
+
+
+# ---------------------------------------------------------------- optimizer moments by name
+
+
+def _optimizer_order(names: list[str], shapes: dict, groups: list) -> list[str]:
+    """Parameter names in the optimizer's index order: one group (Adam, recipe v1) keeps the
+    model's order; two groups (AdamW, recipe v2) hold the matrices first, then the vectors."""
+    sizes = [len(g.get("params", [])) for g in groups]
+    matrices = [n for n in names if len(shapes[n]) >= 2]
+    vectors = [n for n in names if len(shapes[n]) < 2]
+    if sizes == [len(names)]:
+        return names
+    if sizes == [len(matrices), len(vectors)]:
+        return matrices + vectors
+    raise AndreaError(f"the optimizer state has parameter groups of sizes {sizes}, which match neither "
+                      f"recipe v1 ({len(names)}) nor v2 ({len(matrices)} matrices, {len(vectors)} vectors).")
+
+
+def adam_moments(cfg: ModelConfig, optim_state: dict | None) -> dict[str, tuple[torch.Tensor, torch.Tensor]] | None:
+    """{name: (exp_avg, exp_avg_sq)} of an Adam/AdamW state dict; None when there is no state."""
+    if not optim_state or not optim_state.get("state"):
+        return None
+    shapes = param_shapes(cfg)
+    names = list(shapes)
+    try:
+        order = _optimizer_order(names, shapes, optim_state["param_groups"])
+        ids = [i for g in optim_state["param_groups"] for i in g["params"]]
+    except (KeyError, TypeError):
+        raise AndreaError("the optimizer state has no readable parameter groups.") from None
+    out = {}
+    for idx, name in zip(ids, order):
+        per = optim_state["state"].get(idx, optim_state["state"].get(str(idx)))
+        if per is None:  # a parameter that never got a gradient has no state yet
+            zero = torch.zeros(shapes[name])
+            out[name] = (zero, zero.clone())
+            continue
+        if "exp_avg" not in per or "exp_avg_sq" not in per:
+            raise AndreaError(f"the optimizer state of {name} has no exp_avg and exp_avg_sq; only Adam's moments fit a .bin.")
+        m, v = per["exp_avg"], per["exp_avg_sq"]
+        if tuple(m.shape) != shapes[name] or tuple(v.shape) != shapes[name]:
+            raise AndreaError(f"the optimizer state of {name} has shape {list(m.shape)}, but the weight is {list(shapes[name])}.")
+        out[name] = (m.float(), v.float())
+    return out
+
+
+def adam_state(cfg: ModelConfig, step: int, moments: dict, recipe: str) -> dict:
+    """An optimizer state dict that the trainer's optimizer for `recipe` loads on resume."""
+    from andrea.model import ANDREA
+    from andrea.train import TrainOptions, make_optimizer
+
+    if recipe not in ("v1", "v2"):
+        raise AndreaError(f"recipe must be v1 or v2, got {recipe!r}.")
+    with torch.device("meta"):
+        model = ANDREA(cfg)
+    groups = make_optimizer(model, TrainOptions(recipe=recipe), torch.device("cpu")).state_dict()["param_groups"]
+    shapes = param_shapes(cfg)
+    order = _optimizer_order(list(shapes), shapes, groups)
+    ids = [i for g in groups for i in g["params"]]
+    state = {}
+    for idx, name in zip(ids, order):
+        m, v = moments[name]
+        state[idx] = {"step": torch.tensor(float(step), dtype=torch.float32), "exp_avg": m, "exp_avg_sq": v}
+    return {"state": state, "param_groups": groups}
+
+
+def resume_meta(step: int, recipe: str) -> dict:
+    """What `andrea train --resume` reads besides weights and optimizer, for a file that lacks it:
+    a fresh smoothed loss, and the data order of the default seed from its start."""
+    import numpy as np
+
+    from andrea.train import SMMA, TrainOptions
+
+    defaults = TrainOptions(recipe=recipe)
+    return {"step": step, "smma": SMMA(defaults.smma_window).state_dict(),
+            "data_rng": np.random.default_rng(defaults.seed).bit_generator.state, "train": {"recipe": recipe}}
+
+
+# ---------------------------------------------------------------- tokenizers
+
+
+def tokenizer_from_segments(segments, where: str) -> dict:
+    """The tokenizer dict a checkpoint embeds, from a list of segments in id order."""
+    from andrea.tokenizer import HarrisTokenizer
+
+    if not isinstance(segments, list) or not all(isinstance(s, str) for s in segments):
+        raise AndreaError(f"{where} is not a JSON list of segment strings.")
+    return HarrisTokenizer(segments).to_dict()
+
+
+def read_segments(path) -> dict:
+    """The tokenizer dict of a harris_segments.json file."""
+    path = Path(path)
+    return tokenizer_from_segments(read_json_file(path), str(path))
+
+
+def checked_tokenizer(tok: dict | None, cfg: ModelConfig, where: str) -> dict | None:
+    """A tokenizer dict that fits the config's vocabulary (or None)."""
+    if tok is None:
+        return None
+    from andrea.tokenizer import HarrisTokenizer
+
+    t = HarrisTokenizer.from_dict(tok, where)
+    if t.vocab_size != cfg.vocab_size:
+        raise AndreaError(f"{where} has {t.n_segments:,} segments (V = {t.vocab_size:,}) but the model has V = {cfg.vocab_size:,}.")
+    return t.to_dict()
+
+
+def read_json_file(path: Path):
+    try:
+        return json.loads(Path(path).read_bytes())
+    except FileNotFoundError:
+        raise AndreaError(f"{path} does not exist.") from None
+    except IsADirectoryError:
+        raise AndreaError(f"{path} is a folder, not a JSON file.") from None
+    except UnicodeDecodeError:
+        raise AndreaError(f"{path} is not UTF-8 text, so not a JSON file.") from None
+    except json.JSONDecodeError as e:
+        raise AndreaError(f"{path} is not valid JSON ({e.msg} at line {e.lineno}).") from None
+    except RecursionError:
+        raise AndreaError(f"{path} nests its JSON too deeply to read.") from None
+
+
+# ---------------------------------------------------------------- which format a path holds
+
+
+def detect_format(path) -> str:
+    """'native', 'bin', 'json' or 'hf', from the path's content (never its name)."""
+    path = Path(path)
+    if path.is_dir():
+        return _detect_folder(path)
+    if not path.is_file():
+        raise AndreaError(f"{path} does not exist.")
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(64)
+    # a .bin first: its step could start with any byte, even "{"; its size pins it down exactly
+    if size >= 8:
+        n = struct.unpack("<i", head[4:8])[0]
+        if n > 0 and size == 8 + 12 * n:
+            return "bin"
+    stripped = head.lstrip(b" \t\r\n\xef\xbb\xbf")
+    if stripped.startswith((b"{", b"[")):
+        return "json"
+    if size >= 9:
+        header_len = struct.unpack("<Q", head[:8])[0]
+        if 8 + header_len <= size and head[8:9] == b"{":
+            return "native"
+    found = f"its header says n_params = {struct.unpack('<i', head[4:8])[0]:,}" if size >= 8 else "it is shorter than 8 bytes"
+    raise AndreaError(f"{path} is not a model file andrea reads: not JSON, not safetensors, and not an ANDREA .bin "
+                      f"of 8 + 12·n bytes ({size:,} bytes, and {found}).")
+
+
+def _detect_folder(path: Path) -> str:
+    if (path / "best.safetensors").exists() or (path / "latest.safetensors").exists():
+        return "native"
+    bins = sorted(path.glob("*.bin"))
+    if (path / "config.json").exists() and not [b for b in bins if b.name != "pytorch_model.bin"]:
+        return "hf"
+    if bins:
+        return "bin"
+    raise AndreaError(f"{path} is a folder but holds no model: expected a run folder (latest.safetensors), a Hugging "
+                      f"Face folder (config.json and model.safetensors) or an ANDREA release (a .bin, {SEGMENTS_FILE} "
+                      f"and a config JSON).")
+
+
+# ---------------------------------------------------------------- reading and writing any format
+
+
+def read_native(path) -> tuple[Checkpoint, list[str]]:
+    from andrea.checkpoint import load_checkpoint
+
+    ckpt = load_checkpoint(path)
+    ckpt.model_state = check_weights(ckpt.config, ckpt.model_state, str(path))
+    if ckpt.tokenizer_dict is not None:
+        ckpt.meta["tokenizer"] = checked_tokenizer(ckpt.tokenizer_dict, ckpt.config, f"the tokenizer of {path}")
+    return ckpt, []
+
+
+def read_model(path, fmt: str | None = None, config: ModelConfig | None = None, segments=None,
+               orientation: str = "auto", recipe: str = "v1") -> tuple[Checkpoint, str, list[str]]:
+    """(checkpoint, format, notes) of any model file or folder.
+
+    config and segments (a harris_segments.json path) are what a bare .bin lacks; a config
+    given for another format must equal the file's own. orientation and recipe apply to .bin.
+    """
+    fmt = fmt or detect_format(path)
+    if fmt == "bin":
+        from andrea.formats.bin import read_bin_or_release
+
+        ckpt, notes = read_bin_or_release(path, config, segments, orientation, recipe)
+    else:
+        if fmt == "native":
+            ckpt, notes = read_native(path)
+        elif fmt == "json":
+            from andrea.formats.portable import read_json
+
+            ckpt, notes = read_json(path)
+        elif fmt == "hf":
+            from andrea.formats.hf import read_hf
+
+            ckpt, notes = read_hf(path)
+        else:
+            raise AndreaError(f"unknown format {fmt!r}; known: {', '.join(FORMATS)}.")
+        if config is not None and config != ckpt.config:
+            raise AndreaError(f"{path} holds its own config ({ckpt.config.to_dict()}), which differs from the one given; "
+                              f"drop --config/--preset for this file.")
+        if segments is not None:
+            ckpt.meta["tokenizer"] = checked_tokenizer(read_segments(segments), ckpt.config, str(segments))
+    return ckpt, fmt, notes
+
+
+def write_model(ckpt: Checkpoint, path, fmt: str) -> list[str]:
+    """Write ckpt to path in format fmt; notes say what the format could not hold."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if fmt == "native":
+        from andrea.checkpoint import save_checkpoint
+
+        # what load_checkpoint adds to meta is written back by save_checkpoint in its own place
+        meta = {k: v for k, v in ckpt.meta.items() if k not in ("rng_torch", "optimizer", "format", "version", "config")}
+        save_checkpoint(path, ckpt.config, ckpt.model_state, ckpt.optim_state, meta)
+        return []
+    if fmt == "bin":
+        from andrea.formats.bin import write_bin_or_release
+
+        return write_bin_or_release(path, ckpt)
+    if fmt == "json":
+        from andrea.formats.portable import write_json
+
+        return write_json(path, ckpt)
+    if fmt == "hf":
+        from andrea.formats.hf import write_hf
+
+        return write_hf(path, ckpt)
+    raise AndreaError(f"unknown format {fmt!r}; known: {', '.join(FORMATS)}.")
+
+
+def convert(src, dst, to: str, config: ModelConfig | None = None, segments=None, orientation: str = "auto",
+            recipe: str = "v1") -> tuple[str, list[str]]:
+    """Read src in whatever format it holds and write it to dst as `to`; (source format, notes)."""
+    if to not in FORMATS:
+        raise AndreaError(f"unknown target format {to!r}; known: {', '.join(FORMATS)}.")
+    if Path(src).resolve() == Path(dst).resolve():
+        raise AndreaError(f"{dst} is the source itself; write the converted model somewhere else.")
+    ckpt, fmt, notes = read_model(src, None, config, segments, orientation, recipe)
+    return fmt, notes + write_model(ckpt, dst, to)
