@@ -21,6 +21,7 @@ COMMAND_MODULES = [
     "andrea.cli.data",
     "andrea.cli.train",
     "andrea.cli.generate",
+    "andrea.cli.convert",
     "andrea.cli.embed",
 ]
 
