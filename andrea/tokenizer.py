@@ -176,7 +176,8 @@ def _chunks(items, n_chunks, key=len):
 
 
 def _can_fork() -> bool:
-    return "fork" in multiprocessing.get_all_start_methods()
+    # a daemon process (a data loader's worker, say) may not start processes of its own
+    return "fork" in multiprocessing.get_all_start_methods() and not multiprocessing.current_process().daemon
 
 
 # What forked workers read from the parent's memory (the texts, the tokenizer with its warm
@@ -438,6 +439,8 @@ class HarrisTokenizer:
 
     def encode_batch(self, texts, bos: bool = True, workers: int | None = None) -> list[list[int]]:
         """encode of every text, in order; large batches are split over worker processes."""
+        if isinstance(texts, str):
+            raise AndreaError("encode_batch takes a list of strings; use encode for a single string.")
         texts = list(texts)
         for t in texts:
             if not isinstance(t, str):
@@ -458,7 +461,7 @@ class HarrisTokenizer:
 
     def decode_bytes(self, ids) -> bytes:
         """The bytes the ids stand for, joined (BOS stands for none)."""
-        ids = list(ids)
+        ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)  # numpy arrays and tensors too
         table = self._bytes
         try:
             if ids and min(ids) < 0:
@@ -478,11 +481,12 @@ class HarrisTokenizer:
     @classmethod
     def train(cls, texts, n_segments: int, weights=None, min_count: int = 2,
               workers: int | None = None, progress: bool = False) -> "HarrisTokenizer":
-        """Find n_segments segments in texts (module docstring, "Training"). weights, one number per
-        text, says how much each counts (a curriculum's source weights); None counts each once."""
+        """Find n_segments segments in texts, a list of documents or one string (module docstring,
+        "Training"). weights, one number per document, says how much each counts (a curriculum's
+        source weights); None counts each once."""
         if isinstance(n_segments, bool) or not isinstance(n_segments, int) or n_segments < 1:
             raise AndreaError(f"the number of segments must be a whole number of at least 1, got {n_segments!r}.")
-        texts = list(texts)
+        texts = [texts] if isinstance(texts, str) else list(texts)
         for t in texts:
             if not isinstance(t, str):
                 raise AndreaError(f"train takes strings, not {type(t).__name__}.")
@@ -541,6 +545,8 @@ class HarrisTokenizer:
         """Write harris_segments.json (the segments in id order), tokenizer.json (sizes, corpus,
         settings) and, when known, the word types behind the SV statistics."""
         directory = Path(directory)
+        if directory.exists() and not directory.is_dir():
+            raise AndreaError(f"{directory} is a file; the tokenizer is saved into a folder.")
         directory.mkdir(parents=True, exist_ok=True)
         text = json.dumps(self.segments, ensure_ascii=False, indent=0)
         if any(map(_has_surrogate, self.segments)):  # not UTF-8; \u escapes keep the file valid
