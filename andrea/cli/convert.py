@@ -25,7 +25,7 @@ def cmd_convert(args) -> int:
     print(f"wrote {args.dst}: {NAMES[to]}")
     if to == "native" and fmt == "bin":
         print(f"  to resume training from it: save it as RUN/latest.safetensors and run "
-              f"`andrea train --resume --out RUN --recipe {args.recipe}` with the model's config.")
+              f"`andrea train --resume --out RUN --data DATA --recipe {args.recipe}` with the model's config.")
     return 0
 
 

@@ -282,9 +282,9 @@ def write_bin(path, ckpt: Checkpoint) -> list[str]:
     tmp = path.with_name(path.name + TMP_SUFFIX)
     with open(tmp, "wb") as f:
         f.write(HEADER.pack(step, n))
-        for part in (lambda name: state[name], lambda name: moments[name][0], lambda name: moments[name][1]):
-            for name in state:
-                f.write(part(name).detach().cpu().contiguous().numpy().astype(F32, copy=False).tobytes())
+        for block in (state, {k: m for k, (m, _) in moments.items()}, {k: v for k, (_, v) in moments.items()}):
+            for name in state:  # one tensor at a time, in the model's order
+                f.write(block[name].detach().cpu().contiguous().numpy().astype(F32, copy=False).tobytes())
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

@@ -233,7 +233,8 @@ def read_hf(path) -> tuple[Checkpoint, list[str]]:
     hf = read_json_file(path / "config.json")
     if not isinstance(hf, dict) or hf.get("model_type") != "gpt2":
         raise AndreaError(f"{path / 'config.json'} is not a GPT-2 config (model_type {hf.get('model_type') if isinstance(hf, dict) else None!r}).")
-    cfg, notes = _config_from_hf(hf, path)
+    cfg = _config_from_hf(hf, path)
+    notes = []
     weights = path / "model.safetensors"
     if not weights.is_file():
         if (path / "pytorch_model.bin").exists():
@@ -250,7 +251,7 @@ def read_hf(path) -> tuple[Checkpoint, list[str]]:
     return Checkpoint(config=cfg, model_state=state, meta=meta), notes + more
 
 
-def _config_from_hf(hf: dict, path: Path) -> tuple[ModelConfig, list[str]]:
+def _config_from_hf(hf: dict, path: Path) -> ModelConfig:
     where = path / "config.json"
     act = hf.get("activation_function", "gelu_new")
     if act not in HF_TO_ACT:
@@ -269,7 +270,7 @@ def _config_from_hf(hf: dict, path: Path) -> tuple[ModelConfig, list[str]]:
         raise AndreaError(f"{where} has layer_norm_epsilon {hf['layer_norm_epsilon']}; ANDREA's LayerNorm uses {EPS}.")
     if not hf.get("scale_attn_weights", True) or hf.get("scale_attn_by_inverse_layer_idx", False):
         raise AndreaError(f"{where} scales attention other than by 1/sqrt(head size), as ANDREA does.")
-    return cfg, []
+    return cfg
 
 
 def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
