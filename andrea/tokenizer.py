@@ -368,6 +368,10 @@ def _check_segments(segments, where: str) -> list[str]:
 
 
 class HarrisTokenizer:
+    """Segments in id order (ids 257..), plus what training knew: `meta` (corpus size, settings)
+    and, for `inspect`, the word types behind the successor-variety statistics. Treat
+    `segments` as read-only: the id tables are built from it once."""
+
     BOS = BOS
 
     def __init__(self, segments, meta: dict | None = None, words=None):
@@ -391,7 +395,9 @@ class HarrisTokenizer:
         return FIRST_SEGMENT + len(self.segments)
 
     def _check_id(self, i) -> int:
-        if isinstance(i, bool) or not hasattr(i, "__index__") or not 0 <= i.__index__() < self.vocab_size:
+        if isinstance(i, bool) or not hasattr(i, "__index__"):
+            raise AndreaError(f"token id {i!r} is not a whole number.")
+        if not 0 <= i.__index__() < self.vocab_size:
             raise AndreaError(f"token id {i!r} is out of range: this tokenizer has ids 0 to {self.vocab_size - 1}.")
         return i.__index__()
 

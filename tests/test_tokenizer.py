@@ -4,6 +4,7 @@ fetched) segments and compression on real English against a byte-level BPE."""
 
 import hashlib
 import json
+import os
 import random
 import re
 import subprocess
@@ -279,6 +280,18 @@ def test_training_is_deterministic(tok, text):
     assert again.segments == tok.segments and again.fingerprint() == tok.fingerprint()
 
 
+@pytest.mark.slow
+def test_training_does_not_depend_on_the_hash_seed(tok):
+    """Sets and dicts iterate in an order that varies with PYTHONHASHSEED; the segments must not."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from test_tokenizer import morphology_text, N_SMALL; "
+            "from andrea.tokenizer import HarrisTokenizer; print(HarrisTokenizer.train(morphology_text(), N_SMALL).fingerprint())")
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    done = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent)], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == tok.fingerprint()
+
+
 def test_weights_scale_the_counts():
     counts = harris.count_words(["a b b", "c"], weights=[2, 0.5])
     assert counts == Counter({"a": 2, " b": 4, "c": 0.5})
@@ -398,9 +411,11 @@ def test_load_missing(tmp_path):
         HarrisTokenizer.load(tmp_path)
 
 
-@pytest.mark.parametrize("ids", [[N_SMALL + 257], [10**9], [-1], [65, "x"], [1.0]])
-def test_decode_ids_out_of_range(tok, ids):
-    with pytest.raises(AndreaError, match=f"ids 0 to {N_SMALL + 256}"):
+@pytest.mark.parametrize("ids, message", [([N_SMALL + 257], f"out of range: this tokenizer has ids 0 to {N_SMALL + 256}"),
+                                         ([10**9], "out of range"), ([-1], "out of range"),
+                                         ([65, "x"], "not a whole number"), ([1.0], "not a whole number")])
+def test_decode_bad_ids(tok, ids, message):
+    with pytest.raises(AndreaError, match=message):
         tok.decode(ids)
 
 
