@@ -14,6 +14,10 @@ training the same validation windows of 2S tokens can be run through every one o
                     in its table, but they never received a gradient (only weight decay):
                     its figure measures untrained rows and is marked as such.
 
+rope and none have the same parameters, hence (same seed) the same initial weights. At
+initialisation q·k is tiny and attention nearly uniform, so rotating q and k changes little: the
+two only part ways as q and k grow, and on a tiny budget their figures can agree closely.
+
 Results go to `out_dir`: positions.md (a markdown table), positions.json and positions.png
 (the bars, and the loss by position with the trained length marked); each run's folder holds
 its checkpoint and metrics.

@@ -119,7 +119,7 @@ def main(argv=None) -> int:
     from andrea.checkpoint import load_checkpoint
 
     step = load_checkpoint(path).step
-    print(f"# Embedding pairs: cos θ of related and unrelated words\n")
+    print("# Embedding pairs: cos θ of related and unrelated words\n")
     print(f"checkpoint `{path}` (step {step:,}; d_model {cfg.n_embd}, {cfg.n_layer} layers, V {cfg.vocab_size:,}, "
           f"pos {cfg.pos}); {datetime.date.today().isoformat()}\n")
     print("| pair | kind | tokens of u | tokens of v | cos θ input (wte) | cos θ output (lm_head) |")

@@ -260,6 +260,14 @@ def cmd_experiment_positions(args) -> int:
 
     from andrea.experiment import PositionsExperiment, default_data_dir, run_positions_experiment
 
+    if args.threads is not None:
+        if args.threads < 1:
+            from andrea.errors import AndreaError
+
+            raise AndreaError(f"--threads must be at least 1, got {args.threads}.")
+        import torch
+
+        torch.set_num_threads(args.threads)
     data = args.data or default_data_dir()
     exp = PositionsExperiment(data_dir=Path(data), out_dir=Path(args.out), preset=args.preset, steps=args.steps,
                               seq_len=args.seq_len, batch_size=args.batch_size, seed=args.seed, lr=args.lr)
@@ -359,6 +367,8 @@ def register(sub) -> None:
     xp.add_argument("--batch-size", type=int, default=16, help="sequences per step (default 16)")
     xp.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default 2e-3)")
     xp.add_argument("--seed", type=int, default=1337, help="one seed for all four runs (default 1337)")
+    xp.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice; on a machine "
+                                                "shared with other jobs, 1 can be several times faster)")
     xp.add_argument("--no-progress", action="store_true", help="no progress bars")
     xp.add_argument("--json", action="store_true", help="machine-readable output")
     xp.set_defaults(func=cmd_experiment_positions)
