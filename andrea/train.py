@@ -257,7 +257,9 @@ def check_writable(out: Path) -> None:
 
 
 def train(model_cfg: ModelConfig, opts: TrainOptions, data_dir, out_dir, resume: bool = False,
-          log=print, progress: bool = True) -> RunResult:
+          log=print, progress: bool = True, on_step=None) -> RunResult:
+    """Train until max_steps, time_limit, a signal, a halting audit, or `on_step(step, loss)`
+    returning True (then it stops as on a signal: checkpoint, no final evaluation)."""
     opts.check()
     rank, world = _dist_setup()
     master = rank == 0
@@ -312,9 +314,12 @@ def train(model_cfg: ModelConfig, opts: TrainOptions, data_dir, out_dir, resume:
     train_model = model
     if world > 1:
         if opts.fsdp:
-            from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+            from torch.distributed.fsdp import fully_shard
 
-            train_model = FSDP(model, use_orig_params=True, device_id=device if device.type == "cuda" else None)
+            # FSDP2: each block's parameters, then the rest, are sharded over the processes
+            for block in model.h:
+                fully_shard(block)
+            fully_shard(model)
         else:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -329,7 +334,7 @@ def train(model_cfg: ModelConfig, opts: TrainOptions, data_dir, out_dir, resume:
     names = data.names
     share = data.token_share()
     curriculum = _make_curriculum(opts, names)
-    auditor = _make_auditor(opts)
+    auditor = _make_auditor(opts, data, tokenizer)
     smma = SMMA(opts.smma_window)
     step, tokens_seen, best_smma, elapsed_before = 0, 0, float("inf"), 0.0
     if ckpt is not None:
@@ -412,7 +417,12 @@ def train(model_cfg: ModelConfig, opts: TrainOptions, data_dir, out_dir, resume:
             for m in range(accum):
                 x, y = data.windows(source, mine[m * micro : (m + 1) * micro], opts.seq_len)
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                sync = nullcontext() if (m == accum - 1 or world == 1 or opts.fsdp) else train_model.no_sync()
+                last = m == accum - 1
+                if opts.fsdp and world > 1:
+                    model.set_requires_gradient_sync(last)
+                    sync = nullcontext()
+                else:
+                    sync = nullcontext() if (last or world == 1) else train_model.no_sync()
                 with sync, autocast:
                     _, loss = forward(x, y)
                 (loss / accum).backward()
@@ -436,6 +446,8 @@ def train(model_cfg: ModelConfig, opts: TrainOptions, data_dir, out_dir, resume:
             smoothed = smma.update(loss_value)
             if curriculum is not None:
                 curriculum.update(source, loss_value)
+            if on_step is not None and on_step(step, loss_value):
+                signals.stop = True
 
             now = time.time()
             if now - window_t >= 2.0 or step == 1:
@@ -465,7 +477,7 @@ def train(model_cfg: ModelConfig, opts: TrainOptions, data_dir, out_dir, resume:
             if step % opts.eval_every == 0:
                 last_eval = _eval_and_log(model, data, opts, byte_len, device, autocast, master, step, metrics_path, out, log, bar, world)
             if auditor is not None and step % auditor.every == 0:
-                halt = _audit(model, tokenizer, auditor, device, master, step, metrics_path, log, bar, world)
+                halt = _audit(model, tokenizer, auditor, device, master, step, metrics_path, log, bar, world, opts.fsdp and world > 1)
                 if halt:
                     stopped = "audit"
                     break
@@ -487,7 +499,7 @@ def train(model_cfg: ModelConfig, opts: TrainOptions, data_dir, out_dir, resume:
         if last_eval is None or last_eval[0] != step:
             last_eval = _eval_and_log(model, data, opts, byte_len, device, autocast, master, step, metrics_path, out, log, None, world)
     path = save()
-    if master and smma.value < best_smma:
+    if smma.value < best_smma:  # every process takes part: under FSDP saving is collective
         best_smma = smma.value
         save("best.safetensors")
     if master and stopped == "signal":
@@ -540,14 +552,17 @@ def _make_curriculum(opts: TrainOptions, names: list[str]):
     return Curriculum(names, mode=opts.sampling, **kwargs)
 
 
-def _make_auditor(opts: TrainOptions):
+def _make_auditor(opts: TrainOptions, data: TokenData, tokenizer):
     if not opts.audit.get("enabled", False):
         return None
-    from andrea.audit import AuditTracker
+    from andrea.audit import AuditTracker, build_lexicon
 
     tracker = AuditTracker(threshold=opts.audit.get("threshold", 30), patience=opts.audit.get("patience", 5))
     tracker.every = int(opts.audit.get("every", 100))
     tracker.tokens = int(opts.audit.get("tokens", 420))
+    # "real words" are the words of the training text (its first 200k tokens per source)
+    tracker.lexicon = build_lexicon(tokenizer.decode([int(t) for t in s.train[:200_000] if t != tokenizer.BOS])
+                                    for s in data.sources.values())
     return tracker
 
 
@@ -555,8 +570,9 @@ def _eval_and_log(model, data, opts, byte_len, device, autocast, master, step, m
     if world > 1:
         dist.barrier()
     result = None
-    if master:
+    if master or opts.fsdp:  # a sharded model needs every process for a forward pass
         result = evaluate(model, data, opts.seq_len, opts.eval_windows, opts.micro_batch, byte_len, device, autocast)
+    if master:
         _append(metrics_path, {"step": step, "eval": result})
         parts = "  ".join(f"{n} {m['bpb']:.3f}" for n, m in result.items() if n != "all")
         msg = f"step {step:,}: val loss {result['all']['loss']:.4f}, {result['all']['bpb']:.4f} bits/byte  ({parts})"
@@ -570,18 +586,20 @@ def _eval_and_log(model, data, opts, byte_len, device, autocast, master, step, m
     return (step, result)
 
 
-def _audit(model, tokenizer, auditor, device, master, step, metrics_path, log, bar, world) -> bool:
+def _audit(model, tokenizer, auditor, device, master, step, metrics_path, log, bar, world, fsdp) -> bool:
     halt = False
-    if master:
-        from andrea.audit import coherence_score
+    if master or fsdp:  # under FSDP every process generates the same sample (same seed, same logits)
         from andrea.generate import generate_ids
 
         model.eval()
         ids = generate_ids(model, [tokenizer.BOS], max_new_tokens=auditor.tokens, temperature=1.0, top_k=50,
                            seed=step, stop_at_bos=False)
         model.train()
+    if master:
+        from andrea.audit import coherence_score
+
         text = tokenizer.decode([i for i in ids if i != tokenizer.BOS])
-        score, parts = coherence_score(text)
+        score, parts = coherence_score(text, auditor.lexicon)
         halt = auditor.add(score)
         _append(metrics_path, {"step": step, "audit": {"score": score, "components": parts, "text": text}})
         (bar.write if bar is not None else log)(f"step {step:,}: sample audit {score:.0f}/100")
@@ -593,48 +611,54 @@ def _audit(model, tokenizer, auditor, device, master, step, metrics_path, log, b
 
 
 def _clip(train_model, max_norm: float, fsdp: bool) -> float:
+    norm = torch.nn.utils.clip_grad_norm_(train_model.parameters(), max_norm)
     if fsdp:
-        return float(train_model.clip_grad_norm_(max_norm))
-    return float(torch.nn.utils.clip_grad_norm_(train_model.parameters(), max_norm))
+        norm = norm.full_tensor()
+    return float(norm)
+
+
+
+def _full_options(**kw):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=True, **kw)
+
+
+def _param_names_in_optimizer_order(optimizer, model) -> list[str]:
+    """Names of the parameters in the order a plain optimizer numbers them (group by group)."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    return [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
 
 
 def _full_state(train_model, model, fsdp: bool) -> dict:
     if not fsdp:
         return model.state_dict()
-    from torch.distributed.fsdp import FullStateDictConfig, FullyShardedDataParallel as FSDP, StateDictType
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    cfg = FullStateDictConfig(offload_to_cpu=True, rank0_only=True)
-    with FSDP.state_dict_type(train_model, StateDictType.FULL_STATE_DICT, cfg):
-        state = train_model.state_dict()
-    return {k.replace("_fsdp_wrapped_module.", ""): v for k, v in state.items()}
+    return get_model_state_dict(model, options=_full_options())
 
 
 def _full_optim_state(optimizer, train_model, fsdp: bool) -> dict:
+    """The optimizer state as a plain single-process optimizer has it: keyed by index."""
     if not fsdp:
         return optimizer.state_dict()
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-    full = FSDP.full_optim_state_dict(train_model, optimizer, rank0_only=True)
-    if not full:
-        return {"state": {}, "param_groups": []}
-    # keyed by parameter name under FSDP: turn back into index order, as a plain optimizer has it
-    names = [n.replace("_fsdp_wrapped_module.", "") for n, _ in train_model.named_parameters()]
-    state = {names.index(k.replace("_fsdp_wrapped_module.", "")) if isinstance(k, str) else k: v for k, v in full["state"].items()}
-    groups = []
-    for g in full["param_groups"]:
-        g = dict(g)
-        g["params"] = [names.index(p.replace("_fsdp_wrapped_module.", "")) if isinstance(p, str) else p for p in g["params"]]
-        groups.append(g)
-    return {"state": state, "param_groups": groups}
+    full = get_optimizer_state_dict(train_model, optimizer, options=_full_options())
+    if not full:  # only rank 0 receives the gathered state
+        return {}
+    index = {n: i for i, n in enumerate(_param_names_in_optimizer_order(optimizer, train_model))}
+    return {"state": {index[n]: v for n, v in full["state"].items()},
+            "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in full["param_groups"]]}
 
 
 def _load_optimizer_state(optimizer, state: dict, train_model, fsdp: bool) -> None:
     if not fsdp:
         optimizer.load_state_dict(state)
         return
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
-    names = [n for n, _ in train_model.named_parameters()]
+    names = _param_names_in_optimizer_order(optimizer, train_model)
     keyed = {"state": {names[int(i)]: v for i, v in state["state"].items()},
              "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]} for g in state["param_groups"]]}
-    optimizer.load_state_dict(FSDP.optim_state_dict_to_load(train_model, optimizer, keyed))
+    set_optimizer_state_dict(train_model, optimizer, keyed, options=_full_options())

@@ -1,0 +1,309 @@
+"""Training: exact resume, crash safety under SIGKILL, DDP equivalence, NaN stops, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from andrea.checkpoint import load_checkpoint
+from andrea.cli import main
+from andrea.config import ModelConfig
+from andrea.data import HEADER, TokenData, open_shard, prepare
+from andrea.errors import AndreaError
+from andrea.tokenizer import HarrisTokenizer
+from andrea.train import TrainOptions, train
+
+WORDS = ("the cat sat on a mat and the dog ran to its pet owner while kings and queens "
+         "talked of unbelievable things rethinking old ideas quickly").split()
+
+
+def synthetic_text(seed: int, n_docs: int, words_per_doc: int = 400) -> list[str]:
+    rng = random.Random(seed)
+    docs = []
+    for _ in range(n_docs):
+        sentences, n = [], 0
+        while n < words_per_doc:
+            k = rng.randint(4, 12)
+            sentences.append(" ".join(rng.choice(WORDS) for _ in range(k)).capitalize() + ".")
+            n += k
+        docs.append(" ".join(sentences))
+    return docs
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("train")
+    for name, seed in (("alpha", 1), ("beta", 2)):
+        (root / f"{name}.txt").write_text("\n\n".join(synthetic_text(seed, 60)))
+    tok = HarrisTokenizer.train(synthetic_text(3, 40), 40)
+    tok_dir = root / "tok"
+    tok.save(tok_dir)
+    prepare(tok, [str(root / "alpha.txt"), str(root / "beta.txt")], root / "data", log=lambda *a: None)
+    return root / "data"
+
+
+def tiny_config(data_dir: Path, **changes) -> ModelConfig:
+    V = TokenData(data_dir).vocab_size
+    return ModelConfig(**{**dict(vocab_size=V, n_embd=32, n_head=2, n_layer=2, block_size=32), **changes})
+
+
+def opts(**changes) -> TrainOptions:
+    base = dict(batch_size=4, micro_batch=2, seq_len=32, max_steps=8, eval_every=4, checkpoint_every=4,
+                warmup_steps=2, eval_windows=2, seed=7)
+    base.update(changes)
+    return TrainOptions(**base)
+
+
+def step_losses(run: Path) -> dict[int, float]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows if "loss" in r and "eval" not in r}
+
+
+def quiet(*args, **kwargs):
+    pass
+
+
+def test_resume_is_exact(data_dir, tmp_path):
+    cfg = tiny_config(data_dir)
+    train(cfg, opts(max_steps=12), data_dir, tmp_path / "a", log=quiet, progress=False)
+    # the same run, interrupted after step 6 and resumed
+    result = train(cfg, opts(max_steps=12), data_dir, tmp_path / "b", log=quiet, progress=False,
+                   on_step=lambda step, loss: step == 6)
+    assert result.stopped == "signal" and result.step == 6
+    assert load_checkpoint(tmp_path / "b" / "latest.safetensors").step == 6
+    train(cfg, opts(max_steps=12), data_dir, tmp_path / "b", resume=True, log=quiet, progress=False)
+    a, b = step_losses(tmp_path / "a"), step_losses(tmp_path / "b")
+    assert sorted(a) == sorted(b) == list(range(1, 13))
+    for step in a:
+        assert abs(a[step] - b[step]) <= 1e-6, (step, a[step], b[step])
+    wa = load_checkpoint(tmp_path / "a" / "latest.safetensors").model_state
+    wb = load_checkpoint(tmp_path / "b" / "latest.safetensors").model_state
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_resume_is_exact_with_curriculum(data_dir, tmp_path):
+    cfg = tiny_config(data_dir)
+    o = dict(max_steps=10, sampling="ucb", curriculum={"reroll": (2, 4)})
+    train(cfg, opts(**o), data_dir, tmp_path / "a", log=quiet, progress=False)
+    train(cfg, opts(**o), data_dir, tmp_path / "b", log=quiet, progress=False, on_step=lambda s, l: s == 5)
+    train(cfg, opts(**o), data_dir, tmp_path / "b", resume=True, log=quiet, progress=False)
+    rows = lambda run: [(r["step"], r["source"], r["loss"]) for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "source" in r]
+    assert rows(tmp_path / "a") == rows(tmp_path / "b")
+
+
+def test_loss_goes_down_and_checkpoints_appear(data_dir, tmp_path):
+    cfg = tiny_config(data_dir)
+    result = train(cfg, opts(max_steps=30, lr=3e-3, eval_every=10, checkpoint_every=10), data_dir, tmp_path / "r",
+                   log=quiet, progress=False)
+    losses = step_losses(tmp_path / "r")
+    assert np.mean([losses[s] for s in range(26, 31)]) < np.mean([losses[s] for s in range(1, 6)]) - 0.5
+    assert result.eval["all"]["bpb"] > 0 and set(result.eval) == {"alpha", "beta", "all"}
+    for name in ("latest.safetensors", "best.safetensors", "metrics.jsonl", "loss.png", "train.json"):
+        assert (tmp_path / "r" / name).exists(), name
+    assert (tmp_path / "r" / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    best = load_checkpoint(tmp_path / "r" / "best.safetensors")
+    assert best.meta["best_smma"] == min(best.meta["best_smma"], load_checkpoint(tmp_path / "r" / "latest.safetensors").meta["smma"]["value"])
+
+
+def test_bits_per_byte_is_loss_over_bytes(data_dir, tmp_path):
+    """bpb = total nats / (ln 2 · bytes of the predicted tokens), checked by hand on one source."""
+    from andrea.train import evaluate, token_byte_lengths
+    from andrea.model import ANDREA
+    from contextlib import nullcontext
+
+    cfg = tiny_config(data_dir)
+    torch.manual_seed(0)
+    model = ANDREA(cfg)
+    data = TokenData(data_dir)
+    tok = data.load_tokenizer()
+    result = evaluate(model, data, 32, 2, 2, token_byte_lengths(tok, cfg.vocab_size), "cpu", nullcontext())
+    x, y = data.val_windows("alpha", 32, 2)
+    with torch.no_grad():
+        logits, _ = model(x)
+    nats = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="sum").item()
+    nbytes = sum(len(tok.token_bytes(int(i))) for i in y.flatten())
+    assert result["alpha"]["bpb"] == pytest.approx(nats / (np.log(2) * nbytes), rel=1e-6)
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(data_dir, tmp_path, monkeypatch):
+    from andrea import model as model_module
+
+    cfg = tiny_config(data_dir)
+    real_forward = model_module.ANDREA.forward
+    calls = {"n": 0}
+
+    def poisoned(self, ids, targets=None, cache=None):
+        logits, loss = real_forward(self, ids, targets, cache)
+        if targets is not None and self.training:
+            calls["n"] += 1
+            if calls["n"] > 10:  # step 6 with two micro-batches a step
+                loss = loss * float("nan")
+        return logits, loss
+
+    monkeypatch.setattr(model_module.ANDREA, "forward", poisoned)
+    with pytest.raises(AndreaError, match="nan at step 6"):
+        train(cfg, opts(max_steps=10, checkpoint_every=4), data_dir, tmp_path / "r", log=quiet, progress=False)
+    ckpt = load_checkpoint(tmp_path / "r" / "latest.safetensors")
+    assert ckpt.step == 4
+    assert all(torch.isfinite(t).all() for t in ckpt.model_state.values())
+
+
+# ---------------------------------------------------------------- bad input, before any work is lost
+
+
+def run_cli(args, capsys) -> tuple[int, str]:
+    code = main(args)
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return code, err
+
+
+def train_args(data, out, *extra, model_json=None):
+    model_json = model_json or out.parent / "model.json"
+    return ["train", "--data", str(data), "--out", str(out), "--model-config", str(model_json),
+            "--max-steps", "2", "--batch-size", "2", "--seq-len", "16", "--no-progress", *extra]
+
+
+def test_bad_input_is_one_sentence(data_dir, tmp_path, capsys):
+    tiny_config(data_dir).save(tmp_path / "model.json")
+    # no data
+    code, err = run_cli(train_args(tmp_path / "nope", tmp_path / "r"), capsys)
+    assert code == 2 and "does not exist" in err
+    # a corrupt (truncated) shard
+    broken = tmp_path / "broken"
+    shutil.copytree(data_dir, broken)
+    shard = broken / "alpha.train.tok"
+    shard.write_bytes(shard.read_bytes()[:-7])
+    code, err = run_cli(train_args(broken, tmp_path / "r"), capsys)
+    assert code == 2 and "truncated" in err
+    # a foreign file in place of a shard
+    shard.write_bytes(b"hello, this is not a shard at all" * 10)
+    code, err = run_cli(train_args(broken, tmp_path / "r"), capsys)
+    assert code == 2 and "not an andrea token shard" in err
+    # a tokenizer whose vocabulary differs from the model's
+    ModelConfig(vocab_size=400, n_embd=32, n_head=2, n_layer=1, block_size=32).save(tmp_path / "model.json")
+    code, err = run_cli(train_args(data_dir, tmp_path / "r"), capsys)
+    assert code == 2 and "V = 400" in err
+    tiny_config(data_dir).save(tmp_path / "model.json")
+    # an unwritable output folder (a path below a file)
+    (tmp_path / "afile").write_text("x")
+    code, err = run_cli(train_args(data_dir, tmp_path / "afile" / "run", model_json=tmp_path / "model.json"), capsys)
+    assert code == 2 and "cannot write" in err
+    # resume with nothing to resume
+    code, err = run_cli(train_args(data_dir, tmp_path / "empty", "--resume"), capsys)
+    assert code == 2 and "no checkpoint to resume" in err
+
+
+def test_resume_with_another_config_is_refused(data_dir, tmp_path, capsys):
+    tiny_config(data_dir).save(tmp_path / "model.json")
+    assert run_cli(train_args(data_dir, tmp_path / "r"), capsys)[0] == 0
+    before = (tmp_path / "r" / "latest.safetensors").read_bytes()
+    tiny_config(data_dir, n_layer=1).save(tmp_path / "model.json")
+    code, err = run_cli(train_args(data_dir, tmp_path / "r", "--resume"), capsys)
+    assert code == 2 and "another model config" in err
+    tiny_config(data_dir).save(tmp_path / "model.json")
+    code, err = run_cli(train_args(data_dir, tmp_path / "r", "--resume", "--recipe", "v1"), capsys)
+    assert code == 2 and "recipe" in err
+    # starting over in a folder that holds a run is refused too, and the run is untouched
+    code, err = run_cli(train_args(data_dir, tmp_path / "r"), capsys)
+    assert code == 2 and "--resume" in err
+    assert (tmp_path / "r" / "latest.safetensors").read_bytes() == before
+
+
+def test_shard_header_and_size_are_checked(tmp_path):
+    from andrea.data import write_shard
+
+    tokens = np.arange(1000, dtype=np.uint16)
+    write_shard(tmp_path / "s.tok", tokens)
+    raw = (tmp_path / "s.tok").read_bytes()
+    assert len(raw) == HEADER.size + 2000 and raw[:8] == b"ANDREATK"
+    assert np.array_equal(open_shard(tmp_path / "s.tok"), tokens)
+    (tmp_path / "short.tok").write_bytes(raw[:10])
+    with pytest.raises(AndreaError, match="too short"):
+        open_shard(tmp_path / "short.tok")
+
+
+# ---------------------------------------------------------------- processes: SIGKILL, torchrun
+
+
+def cli_cmd(*args) -> list[str]:
+    return [sys.executable, "-m", "andrea", *args]
+
+
+def test_sigkill_never_leaves_a_broken_checkpoint(data_dir, tmp_path):
+    """Kill training with SIGKILL at random moments; every time, the latest checkpoint loads and
+    training resumes from it. A half-written file is never taken for a checkpoint."""
+    cfg = tiny_config(data_dir)
+    cfg.save(tmp_path / "model.json")
+    run = tmp_path / "run"
+    base = ["train", "--data", str(data_dir), "--out", str(run), "--model-config", str(tmp_path / "model.json"),
+            "--max-steps", "100000", "--batch-size", "4", "--seq-len", "32", "--checkpoint-every", "1",
+            "--eval-every", "1000", "--no-progress"]
+    rng = random.Random(0)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    last_step, kills = -1, 0
+    while kills < 10:
+        args = base + (["--resume"] if (run / "latest.safetensors").exists() else [])
+        proc = subprocess.Popen(cli_cmd(*args), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+        deadline = time.time() + 60
+        # wait until this process has written at least one checkpoint of its own, then a random moment more
+        while time.time() < deadline and proc.poll() is None:
+            if (run / "latest.safetensors").exists():
+                try:
+                    if load_checkpoint(run / "latest.safetensors").step > last_step:
+                        break
+                except AndreaError:
+                    pass  # the reader raced a rename; the file itself is always whole
+            time.sleep(0.05)
+        time.sleep(rng.uniform(0.0, 0.6))
+        assert proc.poll() is None, proc.stderr.read().decode()
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        kills += 1
+        ckpt = load_checkpoint(run / "latest.safetensors")
+        assert ckpt.step > last_step
+        last_step = ckpt.step
+        assert all(torch.isfinite(t).all() for t in ckpt.model_state.values())
+    # and a final resume finishes cleanly
+    final = subprocess.run(cli_cmd(*(base[:8] + [str(last_step + 3)] + base[9:] + ["--resume"])), capture_output=True, env=env)
+    assert final.returncode == 0, final.stderr.decode()
+    assert load_checkpoint(run / "latest.safetensors").step == last_step + 3
+
+
+def torchrun_available() -> bool:
+    return shutil.which("torchrun") is not None or Path(sys.executable).with_name("torchrun").exists()
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_two_processes_match_one(data_dir, tmp_path, mode):
+    """Two processes (gloo) with the same global batch give the same loss curve as one process."""
+    cfg = tiny_config(data_dir)
+    cfg.save(tmp_path / "model.json")
+    common = ["train", "--data", str(data_dir), "--model-config", str(tmp_path / "model.json"), "--max-steps", "6",
+              "--batch-size", "4", "--micro-batch", "2", "--seq-len", "32", "--eval-every", "100", "--no-progress",
+              "--warmup-steps", "2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    one = subprocess.run(cli_cmd(*common, "--out", str(tmp_path / "one")), capture_output=True, env=env)
+    assert one.returncode == 0, one.stderr.decode()
+    torchrun = [str(Path(sys.executable).with_name("torchrun")), "--nproc_per_node=2", "--master_port", str(29500 + os.getpid() % 1000), "-m", "andrea"]
+    extra = ["--fsdp"] if mode == "fsdp" else []
+    two = subprocess.run(torchrun + common + extra + ["--out", str(tmp_path / "two")], capture_output=True, env=env, timeout=300)
+    assert two.returncode == 0, two.stderr.decode()[-3000:]
+    a, b = step_losses(tmp_path / "one"), step_losses(tmp_path / "two")
+    assert sorted(a) == sorted(b) == list(range(1, 7))
+    for s in a:
+        assert abs(a[s] - b[s]) <= 1e-5, (s, a[s], b[s])
+    # the checkpoint of the two-process run is in our format and loads in one process
+    ckpt = load_checkpoint(tmp_path / "two" / "latest.safetensors")
+    assert ckpt.step == 6 and set(ckpt.model_state) == set(load_checkpoint(tmp_path / "one" / "latest.safetensors").model_state)
