@@ -19,6 +19,7 @@ COMMAND_MODULES = [
     "andrea.cli.main",
     "andrea.cli.params",
     "andrea.cli.data",
+    "andrea.cli.tokenizer",
     "andrea.cli.train",
     "andrea.cli.generate",
     "andrea.cli.convert",
