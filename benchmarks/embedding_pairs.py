@@ -82,9 +82,11 @@ def sentence(which: str, v: dict, scope: str = "") -> str:
     elif wins / total >= 0.75:
         holds = "mostly"
     elif wins / total > 0.5:
-        holds = "weakly, barely better than a coin"
+        holds = "weakly"
+    elif wins / total == 0.5:
+        holds = "no: as often below as above"
     else:
-        holds = "no"
+        holds = "no: mostly below"
     return (f"{name}: related pairs above unrelated ones? {holds} ({wins} of {total} related-vs-unrelated "
             f"comparisons; {v['related_above_every_unrelated']} of {v['n_related']} related pairs above every "
             f"unrelated one; mean cos θ {v['mean_related']:+.3f} related vs {v['mean_unrelated']:+.3f} unrelated).")

@@ -83,7 +83,7 @@ def cmd_show(args) -> int:
         values = " ".join(f"{v:+.3f}" for v in r["values"])
         print(f"{r['id']:>6}  {kind:<8}  {show_piece(r['piece']):<{wp}}  {r['norm']:>9.4f}  {r['head_norm']:>10.4f}  {values}")
     if any(r["kind"] == "byte" for r in rows):
-        print("* byte fallback: no segment covers this text, so it is spelled as raw UTF-8 bytes (ids 0-255).")
+        print("* byte fallback: where no segment matches, the text is spelled as raw UTF-8 bytes (ids 0-255).")
     return 0
 
 
