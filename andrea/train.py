@@ -12,6 +12,7 @@ A run folder holds:
   best.safetensors     the checkpoint with the lowest smoothed loss so far
   metrics.jsonl        one JSON line per step and per evaluation
   loss.png             the loss curves, redrawn at every evaluation
+  curriculum.png       pulls, rewards and weights per source over time (with a curriculum)
   train.json           the settings of the run
 Resuming restores model, optimizer, step, RNG and data position, curriculum and audit state, so
 a resumed run continues exactly as an uninterrupted one would have.
@@ -62,9 +63,10 @@ class TrainOptions:
     checkpoint_every: int = 100
     log_every: int = 1
     seed: int = 1337
-    sampling: str = "proportional"  # how a step's source is drawn: ucb, uniform, proportional
-    curriculum: dict = field(default_factory=dict)  # Curriculum keyword arguments
-    audit: dict = field(default_factory=dict)  # every, tokens, threshold, patience, enabled
+    sampling: str = "ucb"  # how a step's source is drawn: ucb, uniform, proportional (by token count)
+    sources: list | None = None  # train on these sources of the data only (default: all)
+    curriculum: dict = field(default_factory=dict)  # Curriculum keyword arguments (C, floors, caps, ...)
+    audit: dict = field(default_factory=lambda: {"enabled": False})  # enabled, every, tokens, threshold, patience
     compile: bool = False
     fsdp: bool = False
     smma_window: int = 100
@@ -332,7 +334,12 @@ def train(model_cfg: ModelConfig, opts: TrainOptions, data_dir, out_dir, resume:
 
     data_rng = np.random.default_rng(opts.seed)
     names = data.names
-    share = data.token_share()
+    if opts.sources:
+        missing = [n for n in opts.sources if n not in names]
+        if missing:
+            raise AndreaError(f"source(s) {', '.join(missing)} are not in {data.dir}; it holds {', '.join(names)}.")
+        names = list(opts.sources)
+    share = {n: w for n, w in data.token_share().items() if n in names}
     curriculum = _make_curriculum(opts, names)
     auditor = _make_auditor(opts, data, tokenizer)
     smma = SMMA(opts.smma_window)
@@ -342,8 +349,10 @@ def train(model_cfg: ModelConfig, opts: TrainOptions, data_dir, out_dir, resume:
         tokens_seen = ckpt.meta.get("tokens_seen", 0)
         best_smma = ckpt.meta.get("best_smma", float("inf"))
         elapsed_before = ckpt.meta.get("elapsed", 0.0)
-        data_rng.bit_generator.state = ckpt.meta["data_rng"]
-        smma.load_state_dict(ckpt.meta["smma"])
+        if "data_rng" in ckpt.meta:  # absent in checkpoints converted from other formats: data order restarts
+            data_rng.bit_generator.state = ckpt.meta["data_rng"]
+        if "smma" in ckpt.meta:
+            smma.load_state_dict(ckpt.meta["smma"])
         if curriculum is not None and "curriculum" in ckpt.meta:
             curriculum.load_state_dict(ckpt.meta["curriculum"])
         if auditor is not None and "audit" in ckpt.meta:
@@ -476,6 +485,8 @@ def train(model_cfg: ModelConfig, opts: TrainOptions, data_dir, out_dir, resume:
             pause = time.time()  # evaluation, audit and checkpoints do not count against tokens/s
             if step % opts.eval_every == 0:
                 last_eval = _eval_and_log(model, data, opts, byte_len, device, autocast, master, step, metrics_path, out, log, bar, world)
+                if master and curriculum is not None:
+                    _plot_curriculum(curriculum, out / "curriculum.png")
             if auditor is not None and step % auditor.every == 0:
                 halt = _audit(model, tokenizer, auditor, device, master, step, metrics_path, log, bar, world, opts.fsdp and world > 1)
                 if halt:
@@ -499,6 +510,8 @@ def train(model_cfg: ModelConfig, opts: TrainOptions, data_dir, out_dir, resume:
         if last_eval is None or last_eval[0] != step:
             last_eval = _eval_and_log(model, data, opts, byte_len, device, autocast, master, step, metrics_path, out, log, None, world)
     path = save()
+    if master and curriculum is not None:
+        _plot_curriculum(curriculum, out / "curriculum.png")
     if smma.value < best_smma:  # every process takes part: under FSDP saving is collective
         best_smma = smma.value
         save("best.safetensors")
@@ -550,6 +563,13 @@ def _make_curriculum(opts: TrainOptions, names: list[str]):
     kwargs = dict(opts.curriculum)
     kwargs.setdefault("seed", opts.seed)
     return Curriculum(names, mode=opts.sampling, **kwargs)
+
+
+def _plot_curriculum(curriculum, path: Path) -> None:
+    from andrea.curriculum import plot_curriculum
+
+    if curriculum.history:
+        plot_curriculum(curriculum.history, path)
 
 
 def _make_auditor(opts: TrainOptions, data: TokenData, tokenizer):

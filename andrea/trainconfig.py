@@ -138,6 +138,17 @@ class TrainConfig:
             raise AndreaError("a curriculum needs sources; list them in the config's sources.")
         return Curriculum(names, mode=self.sampling, **self.curriculum_kwargs())
 
+    def to_options(self, **extra):
+        """The loop's settings (`andrea.train.TrainOptions`) for this config."""
+        from andrea.train import TrainOptions
+
+        return TrainOptions(recipe=self.recipe, batch_size=self.batch_size,
+                            micro_batch=self.micro_batch or self.batch_size, seq_len=self.seq_len, lr=self.lr,
+                            warmup_steps=self.warmup_steps, max_steps=self.max_steps, time_limit=self.time_limit,
+                            eval_every=self.eval_every, checkpoint_every=self.checkpoint_every, seed=self.seed,
+                            sampling=self.sampling, curriculum=self.curriculum_kwargs(), audit=dict(self.audit),
+                            sources=self.source_names() or None, **extra)
+
     # ---------------------------------------------------------------- files
 
     def to_dict(self) -> dict:

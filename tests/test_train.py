@@ -205,6 +205,42 @@ def test_bad_input_is_one_sentence(data_dir, tmp_path, capsys):
     assert code == 2 and "no checkpoint to resume" in err
 
 
+def test_training_config_file_with_curriculum_warmup_and_audit(data_dir, tmp_path, capsys):
+    tiny_config(data_dir).save(tmp_path / "model.json")
+    config = {"model_config": str(tmp_path / "model.json"), "data": str(data_dir), "out": str(tmp_path / "r"),
+              "sources": [{"name": "alpha", "floor": 0.3}, {"name": "beta", "cap": 0.6}],
+              "curriculum": {"warmup_sources": ["alpha"], "warmup_steps": 3, "reroll": [2, 3]},
+              "audit": {"every": 4, "tokens": 24}, "max_steps": 8, "batch_size": 4, "seq_len": 32, "warmup_steps": 2}
+    (tmp_path / "train.json").write_text(json.dumps(config))
+    code, _ = run_cli(["train", "--config", str(tmp_path / "train.json"), "--eval-every", "4", "--no-progress"], capsys)
+    assert code == 0
+    rows = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "source" in r]
+    assert [r["source"] for r in steps[:3]] == ["alpha"] * 3  # warm-up opens only alpha
+    assert "beta" in {r["source"] for r in steps[3:]}
+    for r in steps[3:]:
+        assert r["weights"]["alpha"] >= 0.3 - 1e-9 and r["weights"]["beta"] <= 0.6 + 1e-9
+    audits = [r for r in rows if "audit" in r]
+    assert [r["step"] for r in audits] == [4, 8] and all(0 <= r["audit"]["score"] <= 100 for r in audits)
+    assert (tmp_path / "r" / "curriculum.png").read_bytes()[:4] == b"\x89PNG"
+    # the flag overrides the file
+    config["out"] = str(tmp_path / "r2")
+    (tmp_path / "train.json").write_text(json.dumps(config))
+    assert run_cli(["train", "--config", str(tmp_path / "train.json"), "--max-steps", "2", "--no-progress"], capsys)[0] == 0
+    assert max(step_losses(tmp_path / "r2")) == 2
+
+
+def test_audit_halts_a_collapsed_run(data_dir, tmp_path, capsys):
+    """With a threshold no sample can reach, the run halts after `patience` audits, with a checkpoint."""
+    tiny_config(data_dir).save(tmp_path / "model.json")
+    config = {"audit": {"every": 2, "tokens": 16, "threshold": 100, "patience": 3}, "max_steps": 50}
+    (tmp_path / "train.json").write_text(json.dumps(config))
+    code, err = run_cli(train_args(data_dir, tmp_path / "r", "--config", str(tmp_path / "train.json"), "--max-steps", "50"), capsys)
+    assert code == 3
+    ckpt = load_checkpoint(tmp_path / "r" / "latest.safetensors")
+    assert ckpt.step == 6 and ckpt.meta["audit"]["streak"] == 3
+
+
 def test_resume_with_another_config_is_refused(data_dir, tmp_path, capsys):
     tiny_config(data_dir).save(tmp_path / "model.json")
     assert run_cli(train_args(data_dir, tmp_path / "r"), capsys)[0] == 0
