@@ -38,7 +38,9 @@ Training, in full (HarrisTokenizer.train):
        current set and drop the quarter whose removal would cost the fewest extra tokens.
     Frequent whole words (" the", " government") survive because word starts and ends are
     boundaries; rarer words are spelled from the pieces between successor-variety peaks
-    (" un" + "believ" + "able").
+    (" hope" + "less" + "ness", " pre" + "ord" + "ain" + "ed" with the default corpus). The
+    longest-match rule does not look at boundaries, so a word can still split off them
+    (" reap" + "po" + "int" + "ment").
 """
 
 from __future__ import annotations
