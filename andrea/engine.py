@@ -218,8 +218,9 @@ class Model:
             return add(x, self.w["wpe.weight"][t])
         if self.config["pos"] == "sinusoidal":
             d = self.d
-            # PE[t, 2i] = sin(t / 10000^(2i/d)), PE[t, 2i+1] = cos(t / 10000^(2i/d))
-            return [v + (math.sin if j % 2 == 0 else math.cos)(t * math.exp(-math.log(10000.0) * (j - j % 2) / d))
+            # PE[t, 2i] = sin(t / 10000^(2i/d)), PE[t, 2i+1] = cos(t / 10000^(2i/d)), scaled to row norm 1
+            scale = math.sqrt(2.0 / d)
+            return [v + scale * (math.sin if j % 2 == 0 else math.cos)(t * math.exp(-math.log(10000.0) * (j - j % 2) / d))
                     for j, v in enumerate(x)]
         return x
 

@@ -42,7 +42,7 @@ DEFAULT_DISTANCES = (1, 8, 64, 512)
 POSITION_NOTES = {
     "learned": "learned: wpe is a (T, d) table trained like wte; row t is added to the token at position t.",
     "sinusoidal": "sinusoidal: there is no learned table; the model adds a fixed table PE[t, 2i] = sin(t/10000^(2i/d)), "
-                  "PE[t, 2i+1] = cos(...). Shown here is that fixed table's similarity, which depends only on the "
+                  "PE[t, 2i+1] = cos(...), scaled by sqrt(2/d) so each row has norm 1. Shown here is that fixed table's similarity, which depends only on the "
                   "distance between positions.",
     "rope": "rope: there is no position table at all; positions enter inside every attention layer, where q and k "
             "are rotated by angles t/10000^(2i/d_head), so a q·k score depends only on the distance between them.",

@@ -151,6 +151,10 @@ class ANDREA(nn.Module):
         self.h = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_f = make_norm(cfg)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        # Computing the head's matmul over a vocabulary padded with zero rows to a multiple of 64
+        # runs faster on tensor cores; the logical vocabulary, the parameters and the files stay
+        # unpadded (the trainer sets this on GPUs; 1 means no padding).
+        self.vocab_multiple = 1
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -202,13 +206,20 @@ class ANDREA(nn.Module):
         x = self.embed(ids, start)
         for i, block in enumerate(self.h):
             x = block(x, self.rope, cache, i)
-        logits = self.lm_head(self.ln_f(x))
+        logits = self.head(self.ln_f(x))
         if cache is not None:
             cache.length += ids.shape[1]
         if targets is None:
             return logits, None
         loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
         return logits, loss
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        V, m = self.config.vocab_size, self.vocab_multiple
+        if m <= 1 or V % m == 0:
+            return self.lm_head(h)
+        weight = F.pad(self.lm_head.weight, (0, 0, 0, m - V % m))
+        return F.linear(h, weight)[..., :V]
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

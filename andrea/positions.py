@@ -13,13 +13,19 @@ import torch.nn as nn
 
 
 def sinusoidal_table(n_positions: int, dim: int) -> torch.Tensor:
-    """Vaswani et al. (2017): PE[t, 2i] = sin(t / 10000^(2i/d)), PE[t, 2i+1] = cos(...)."""
+    """Vaswani et al. (2017): PE[t, 2i] = sin(t / 10000^(2i/d)), PE[t, 2i+1] = cos(...), times sqrt(2/d).
+
+    The factor gives every row norm 1, the size of a token row at initialisation (std 1/sqrt(d)),
+    so neither part of x = wte[id] + PE[t] swamps the other. (Vaswani et al. scaled the token
+    embeddings up by sqrt(d) instead; ANDREA's token table is initialised small, so the fixed table
+    comes down to meet it.)
+    """
     t = torch.arange(n_positions, dtype=torch.float64).unsqueeze(1)
     freq = torch.exp(-math.log(10000.0) * torch.arange(0, dim, 2, dtype=torch.float64) / dim)
     table = torch.zeros(n_positions, dim, dtype=torch.float64)
     table[:, 0::2] = torch.sin(t * freq)
     table[:, 1::2] = torch.cos(t * freq[: dim // 2])
-    return table.float()
+    return (table * math.sqrt(2.0 / dim)).float()
 
 
 class RotaryEmbedding(nn.Module):

@@ -313,6 +313,7 @@ def train(model_cfg: ModelConfig, opts: TrainOptions, data_dir, out_dir, resume:
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+        model.vocab_multiple = 64
     train_model = model
     if world > 1:
         if opts.fsdp:

@@ -62,6 +62,8 @@ def test_sinusoidal_embedding_adds_the_vaswani_table():
         for i in range(0, d, 2):
             pe[t, i] = math.sin(t / 10000 ** (i / d))
             pe[t, i + 1] = math.cos(t / 10000 ** (i / d))
+    pe *= math.sqrt(2 / d)  # every row has norm 1
+    np.testing.assert_allclose(np.linalg.norm(pe, axis=1), 1.0, atol=1e-12)
     got = model.embed(ids).detach().double() - model.wte.weight.detach().double()[ids]
     np.testing.assert_allclose(got.numpy(), np.broadcast_to(pe[:9], (2, 9, d)), atol=1e-6)
 
@@ -202,7 +204,7 @@ def np_sinusoids(T, d):
     pe = np.zeros((T, d))
     pe[:, 0::2] = np.sin(t / 10000 ** (i / d))
     pe[:, 1::2] = np.cos(t / 10000 ** (i / d))
-    return pe
+    return pe * np.sqrt(2 / d)
 
 
 def np_rotate(x):

@@ -343,3 +343,25 @@ def test_two_processes_match_one(data_dir, tmp_path, mode):
     # the checkpoint of the two-process run is in our format and loads in one process
     ckpt = load_checkpoint(tmp_path / "two" / "latest.safetensors")
     assert ckpt.step == 6 and set(ckpt.model_state) == set(load_checkpoint(tmp_path / "one" / "latest.safetensors").model_state)
+
+
+def test_vocabulary_padding_changes_nothing_but_the_matmul_shape():
+    """The GPU path pads the head's matmul to a multiple of 64; logits, loss, gradients and the
+    parameters are those of the unpadded model."""
+    from andrea.model import ANDREA
+
+    cfg = ModelConfig(vocab_size=300, n_embd=32, n_head=2, n_layer=1, block_size=16)
+    torch.manual_seed(0)
+    plain = ANDREA(cfg)
+    padded = ANDREA(cfg)
+    padded.load_state_dict(plain.state_dict())
+    padded.vocab_multiple = 64
+    ids = torch.randint(0, 300, (2, 16))
+    lp, loss_p = plain(ids, ids)
+    lq, loss_q = padded(ids, ids)
+    assert lq.shape == (2, 16, 300)
+    torch.testing.assert_close(lq, lp, atol=1e-6, rtol=1e-6)
+    loss_p.backward(), loss_q.backward()
+    torch.testing.assert_close(padded.lm_head.weight.grad, plain.lm_head.weight.grad, atol=1e-6, rtol=1e-6)
+    assert padded.lm_head.weight.shape == (300, 32) and set(padded.state_dict()) == set(plain.state_dict())
+    assert sum(p.numel() for p in padded.parameters()) == sum(p.numel() for p in plain.parameters())
