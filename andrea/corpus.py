@@ -252,3 +252,35 @@ def load_documents(spec: str | Path, split: str = "train") -> list[str]:
 def source_name(spec: str | Path) -> str:
     path = resolve_source(spec)
     return path.stem if path.is_file() else path.name
+
+
+def load_training_texts(specs, shares=None):
+    """Documents of every FILE (a text file, a source folder or a fetched source's name), and a
+    weight per document, or None when every document counts once.
+
+    shares maps a spec to the share of the training text its source should make up (a
+    curriculum's source weights); the shares are normalised, and a document of a source with
+    share s counts s x (total bytes / source bytes) times.
+    """
+    sources = []
+    for spec in specs:
+        docs = load_documents(spec, "train")
+        if not any(d.strip() for d in docs):
+            raise AndreaError(f"{spec} holds no text.")
+        if any("\0" in d for d in docs):
+            raise AndreaError(f"{spec} looks like a binary file (it holds NUL bytes), not text.")
+        sources.append((spec, docs, sum(len(d.encode("utf-8", "surrogatepass")) for d in docs)))
+    texts = [d for _, docs, _ in sources for d in docs]
+    if shares is None:
+        return texts, None
+    missing = [spec for spec, _, _ in sources if spec not in shares]
+    if missing:
+        raise AndreaError(f"no share is given for {missing[0]}; give every training source a share.")
+    total_share = sum(shares[spec] for spec, _, _ in sources)
+    if not total_share > 0:
+        raise AndreaError("the source shares add up to zero; give at least one source a positive share.")
+    total = sum(size for _, _, size in sources)
+    weights = []
+    for spec, docs, size in sources:
+        weights += [shares[spec] / total_share * total / size] * len(docs)
+    return texts, weights

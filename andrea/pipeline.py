@@ -7,17 +7,17 @@ reuses them and only trains.
 
 from __future__ import annotations
 
+import hashlib
 import json
-import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from andrea.config import get_preset
-from andrea.corpus import cache_root, fetch_default_corpus, load_documents
+from andrea.corpus import cache_root, fetch_default_corpus
 from andrea.errors import AndreaError
 
-TOKENIZER_SAMPLE_BYTES = 4_000_000  # the tokenizer is fitted on this much text
+TOKENIZER_VERSION = 1  # part of the tokenizer cache key: bump when training changes
 
 
 @dataclass
@@ -33,42 +33,23 @@ class MainJob:
     samples: int = 3
 
 
-def curriculum_sample(sources: dict[str, list[str]], weights: dict[str, float], n_bytes: int, seed: int) -> list[str]:
-    """Documents drawn source by source in proportion to `weights`, about `n_bytes` in all.
+def prepared_tokenizer(n_segments: int, names: list[str], log=print):
+    """The tokenizer for the main job: trained once, then loaded from the cache.
 
-    The tokenizer is fitted on this sample rather than on a raw file head, so each source has
-    the say in the segment alphabet that the curriculum will give it in training.
+    It is fitted on the training text of every source weighted as the curriculum opens (an equal
+    share each), not on a raw file head, so a large source cannot dominate the segment alphabet.
     """
-    rng = random.Random(seed)
-    total = sum(weights.values())
-    picked = []
-    for name, docs in sources.items():
-        budget = n_bytes * weights[name] / total
-        order = list(range(len(docs)))
-        rng.shuffle(order)
-        got = 0
-        for i in order:
-            if got >= budget:
-                break
-            doc = docs[i][: int(budget - got) + 1000]  # a long document is cut so one source cannot swamp
-            picked.append(doc)
-            got += len(doc.encode("utf-8"))
-    return picked
+    from andrea.corpus import load_training_texts
+    from andrea.tokenizer import HarrisTokenizer, WORD_PATTERN
 
-
-def prepared_tokenizer(n_segments: int, sources: dict[str, list[str]], seed: int, log=print):
-    """The tokenizer for the main job: trained once, then loaded from the cache."""
-    from andrea.tokenizer import HarrisTokenizer
-
-    names = sorted(sources)
-    key = f"harris-{n_segments}-{'+'.join(names)}-{TOKENIZER_SAMPLE_BYTES}-{seed}"
-    folder = cache_root() / "tokenizers" / key
+    names = sorted(names)
+    key = hashlib.sha256(f"{n_segments}|{'+'.join(names)}|{WORD_PATTERN}|{TOKENIZER_VERSION}".encode()).hexdigest()[:16]
+    folder = cache_root() / "tokenizers" / f"harris-{n_segments}-{key}"
     if (folder / "harris_segments.json").exists():
         return HarrisTokenizer.load(folder), folder
-    log(f"training the Harris tokenizer ({n_segments:,} segments) on a {TOKENIZER_SAMPLE_BYTES / 1e6:.0f} MB sample, "
-        f"equal weight per source")
-    texts = curriculum_sample(sources, {n: 1.0 for n in names}, TOKENIZER_SAMPLE_BYTES, seed)
-    tok = HarrisTokenizer.train(texts, n_segments)
+    log(f"training the Harris tokenizer ({n_segments:,} segments), an equal share of text per source")
+    texts, weights = load_training_texts(names, {n: 1.0 for n in names})
+    tok = HarrisTokenizer.train(texts, n_segments, weights=weights, progress=True)
     tok.save(folder)
     return tok, folder
 
@@ -98,8 +79,7 @@ def run_main_job(job: MainJob, log=print) -> dict:
     names = list(got)
     cfg = get_preset(job.preset)
     log("2/4 tokenizer")
-    docs = {n: load_documents(n, "train") for n in names}
-    tokenizer, tok_dir = prepared_tokenizer(cfg.n_segments, docs, job.seed, log)
+    tokenizer, tok_dir = prepared_tokenizer(cfg.n_segments, names, log)
     if tokenizer.vocab_size != cfg.vocab_size:
         raise AndreaError(f"the tokenizer found {tokenizer.n_segments:,} segments, the preset needs {cfg.n_segments:,}.")
     log("3/4 token shards")

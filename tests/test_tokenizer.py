@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import andrea.tokenizer as harris
 from andrea.cli import main
-from andrea.cli.tokenizer import load_training_texts
+from andrea.corpus import load_training_texts
 from andrea.corpus import corpus_dir
 from andrea.errors import AndreaError
 from andrea.tokenizer import BOS, WORD_RE, HarrisTokenizer, SuccessorVariety

@@ -11,47 +11,22 @@ from andrea.errors import AndreaError
 PROGRESS_BYTES = 1_000_000  # show progress bars from this much training text on
 
 
-def load_training_texts(specs, shares=None):
-    """Documents of every FILE (a text file, a source folder or a fetched source's name), and a
-    weight per document, or None when every document counts once.
-
-    shares maps a spec to the share of the training text its source should make up (a
-    curriculum's source weights); the shares are normalised, and a document of a source with
-    share s counts s x (total bytes / source bytes) times.
-    """
-    from andrea.corpus import load_documents
-
-    sources = []
-    for spec in specs:
-        docs = load_documents(spec, "train")
-        if not any(d.strip() for d in docs):
-            raise AndreaError(f"{spec} holds no text.")
-        if any("\0" in d for d in docs):
-            raise AndreaError(f"{spec} looks like a binary file (it holds NUL bytes), not text.")
-        sources.append((spec, docs, sum(len(d.encode("utf-8", "surrogatepass")) for d in docs)))
-    texts = [d for _, docs, _ in sources for d in docs]
-    if shares is None:
-        return texts, None
-    missing = [spec for spec, _, _ in sources if spec not in shares]
-    if missing:
-        raise AndreaError(f"no share is given for {missing[0]}; give every training source a share.")
-    total_share = sum(shares[spec] for spec, _, _ in sources)
-    if not total_share > 0:
-        raise AndreaError("the source shares add up to zero; give at least one source a positive share.")
-    total = sum(size for _, _, size in sources)
-    weights = []
-    for spec, docs, size in sources:
-        weights += [shares[spec] / total_share * total / size] * len(docs)
-    return texts, weights
-
-
 def cmd_tokenizer_train(args) -> int:
     from andrea.tokenizer import HarrisTokenizer
 
+    from andrea.corpus import load_training_texts
+
     start = time.time()
-    texts, weights = load_training_texts(args.files)
+    files, shares = list(args.files), None
+    if args.config:
+        files, shares = _curriculum_shares(args.config, files)
+    if not files:
+        raise AndreaError("give the text to train on: FILE... or --config with sources.")
+    texts, weights = load_training_texts(files, shares)
     size = sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
-    print(f"read {len(args.files)} source(s): {len(texts):,} documents, {size:,} bytes")
+    print(f"read {len(files)} source(s): {len(texts):,} documents, {size:,} bytes")
+    if shares:
+        print("weighted by the curriculum's opening weights: " + ", ".join(f"{k} {v:.2f}" for k, v in shares.items()))
     tok = HarrisTokenizer.train(texts, args.segments, weights=weights, progress=size >= PROGRESS_BYTES)
     out = tok.save(args.out)
     print(f"requested {args.segments:,} segments -> found {tok.meta['found']:,} candidates, kept {tok.n_segments:,} "
@@ -59,6 +34,26 @@ def cmd_tokenizer_train(args) -> int:
     print(f"most used: {' '.join(repr(s) for s in tok.segments[:12])}")
     print(f"wrote {out}")
     return 0
+
+
+def _curriculum_shares(config_path, files):
+    """The sources of a training config and the weights its curriculum opens with: uniform over the
+    sources (over the warm-up sources when there is a warm-up), clamped to their floors and caps."""
+    from andrea.curriculum import clamp_weights
+    from andrea.trainconfig import TrainConfig
+
+    cfg = TrainConfig.load(config_path)
+    if not cfg.sources:
+        raise AndreaError(f"{config_path} lists no sources to weight.")
+    specs = {s["name"]: s["path"] for s in cfg.sources}
+    open_now = cfg.curriculum["warmup_sources"] if cfg.curriculum["warmup_steps"] > 0 and cfg.curriculum["warmup_sources"] else list(specs)
+    kw = cfg.curriculum_kwargs()
+    if cfg.sampling == "proportional":
+        return files + [specs[n] for n in specs], None
+    weights = clamp_weights({n: 1.0 / len(open_now) for n in open_now},
+                            {n: f for n, f in kw["floors"].items() if n in open_now},
+                            {n: c for n, c in kw["caps"].items() if n in open_now})
+    return [specs[n] for n in weights], {specs[n]: w for n, w in weights.items()}
 
 
 def _read_stdin() -> str:
@@ -148,7 +143,9 @@ def register(sub) -> None:
                         description="Count successor variety over the words of the given text, cut words where it "
                                     "peaks, and keep the N segments that save the most tokens. Writes "
                                     "harris_segments.json, tokenizer.json and harris_words.txt.gz into --out.")
-    t.add_argument("files", nargs="+", metavar="FILE",
+    t.add_argument("--config", metavar="FILE", help="a training config: train on its sources, weighted as its "
+                   "curriculum opens (uniform, or the warm-up sources, within floors and caps)")
+    t.add_argument("files", nargs="*", metavar="FILE",
                    help="a UTF-8 text file, a source folder, or a fetched source (sotu, shakespeare, kjv, moby-dick)")
     t.add_argument("--segments", type=int, default=8192, metavar="N",
                    help="how many segments (default 8,192, V = 8,449; andrea-12m uses 2,048)")
