@@ -566,3 +566,25 @@ def test_english_compression_against_byte_level_bpe(english):
     harris_bpt = size / sum(map(len, tok.encode_batch(val, bos=False)))
     bpe_bpt = size / sum(len(e.ids) for e in bpe.encode_batch(val))
     assert harris_bpt >= 0.9 * bpe_bpt, (harris_bpt, bpe_bpt)
+
+
+def test_tokenizer_train_with_a_training_config_uses_the_curriculum_weights(tmp_path, capsys):
+    """`tokenizer train --config` weighs each source as the curriculum opens: equal shares, then
+    floors and caps; the result equals training on those shares directly."""
+    import json
+
+    from andrea.cli import main
+
+    rng = random.Random(5)
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text(" ".join(rng.choice(["undo", "redo", "kindness", "darkness"]) for _ in range(3000)))
+    b.write_text(" ".join(rng.choice(["playing", "played", "player", "replay"]) for _ in range(600)))
+    config = {"sources": [{"name": "a", "path": str(a), "cap": 0.25}, {"name": "b", "path": str(b)}]}
+    (tmp_path / "train.json").write_text(json.dumps(config))
+    assert main(["tokenizer", "train", "--config", str(tmp_path / "train.json"), "--segments", "8", "--out", str(tmp_path / "t")]) == 0
+    assert f"{a} 0.25, {b} 0.75" in capsys.readouterr().out
+    texts, weights = load_training_texts([str(a), str(b)], {str(a): 0.25, str(b): 0.75})
+    direct = HarrisTokenizer.train(texts, 8, weights=weights)
+    assert HarrisTokenizer.load(tmp_path / "t").fingerprint() == direct.fingerprint()
+    unweighted = HarrisTokenizer.train(texts, 8)
+    assert unweighted.fingerprint() != direct.fingerprint()
