@@ -111,6 +111,18 @@ def test_head_and_token_table_are_separate_storage():
     assert torch.equal(wte, wte_before + 1.0)
 
 
+def test_padded_head_matmul_gives_the_same_logits():
+    model = build()
+    ids, targets = random_ids(TINY, 2, 10), random_ids(TINY, 2, 10, seed=9)
+    logits, loss = model(ids, targets=targets)
+    model.vocab_multiple = 64
+    assert TINY.vocab_size % 64
+    padded, padded_loss = model(ids, targets=targets)
+    assert padded.shape == logits.shape
+    torch.testing.assert_close(padded, logits, rtol=0, atol=1e-6)
+    torch.testing.assert_close(padded_loss, loss, rtol=0, atol=1e-6)
+
+
 def test_init_tables_have_std_one_over_sqrt_d():
     cfg = PRESETS["andrea-tiny"]
     assert cfg.n_embd == 128
