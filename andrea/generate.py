@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import codecs
 import math
+from numbers import Integral, Real
 from typing import Iterator
 
 import torch
@@ -41,13 +42,13 @@ def window_keep(block_size: int) -> int:
 
 def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None) -> None:
     """Raise an AndreaError naming the first sampling value out of range."""
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, Integral) or max_new_tokens < 1:
         raise AndreaError(f"max-new-tokens must be a positive integer, got {max_new_tokens!r}.")
-    if not isinstance(temperature, (int, float)) or not math.isfinite(temperature) or temperature < 0:
+    if not isinstance(temperature, Real) or not math.isfinite(temperature) or temperature < 0:
         raise AndreaError(f"temperature must be a finite number >= 0 (0 means greedy), got {temperature!r}.")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, Integral) or top_k < 1):
         raise AndreaError(f"top-k must be an integer >= 1, got {top_k!r}.")
-    if top_p is not None and (not isinstance(top_p, (int, float)) or not 0 < top_p <= 1):
+    if top_p is not None and (not isinstance(top_p, Real) or not 0 < top_p <= 1):
         raise AndreaError(f"top-p must be in (0, 1], got {top_p!r}.")
 
 
