@@ -1,4 +1,5 @@
-"""`andrea main`: the main job, from nothing to a trained model and its samples."""
+"""`andrea main`: the main job, from nothing to a trained model and its samples (module named `job` so
+it never shadows `andrea.cli.main`, the entry point)."""
 
 from __future__ import annotations
 
