@@ -83,6 +83,18 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def check_writable(folder: Path, what: str = "the folder") -> None:
+    """Make folder if needed and prove a file can be written there, before any work is done."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / ".write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise AndreaError(f"cannot write to {what} {folder} ({e.strerror}).") from None
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write data to path so that a crash leaves the old file or the new one, never half."""
     path = Path(path)

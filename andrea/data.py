@@ -85,14 +85,10 @@ def prepare(tokenizer, sources: list[str], out_dir, log=print) -> dict:
     """Tokenize each source's train and val documents into shards; write the manifest."""
     from andrea.corpus import load_documents, source_name
 
+    from andrea.checkpoint import check_writable
+
     out = Path(out_dir)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".write-test"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        raise AndreaError(f"cannot write to {out} ({e.strerror}).") from None
+    check_writable(out, "the data folder")
     if not sources:
         raise AndreaError("give at least one source to prepare.")
     manifest = {"format": "andrea-shards", "version": VERSION, "tokenizer": tokenizer.fingerprint(),

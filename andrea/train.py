@@ -33,7 +33,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from andrea.checkpoint import load_checkpoint, save_checkpoint
+from andrea.checkpoint import check_writable, load_checkpoint, save_checkpoint
 from andrea.config import ModelConfig
 from andrea.data import TokenData
 from andrea.errors import AndreaError
@@ -248,16 +248,6 @@ def _pick_device() -> torch.device:
     return torch.device("cpu")
 
 
-def check_writable(out: Path) -> None:
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".write-test"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        raise AndreaError(f"cannot write to the run folder {out} ({e.strerror}).") from None
-
-
 def train(model_cfg: ModelConfig, opts: TrainOptions, data_dir, out_dir, resume: bool = False,
           log=print, progress: bool = True, on_step=None) -> RunResult:
     """Train until max_steps, time_limit, a signal, a halting audit, or `on_step(step, loss)`
@@ -285,7 +275,7 @@ def train(model_cfg: ModelConfig, opts: TrainOptions, data_dir, out_dir, resume:
         raise AndreaError(f"the per-process batch {per_rank} is not a multiple of micro_batch {micro}.")
     accum = per_rank // micro
     if master:
-        check_writable(out)
+        check_writable(out, "the run folder")
     latest = out / "latest.safetensors"
     ckpt = None
     if resume:
