@@ -216,7 +216,7 @@ def main(argv=None) -> int:
     t = sub.choices["train"]
     t.add_argument("--batch", type=int, default=8)
     t.add_argument("--seq", type=int, default=1024)
-    t.add_argument("--steps", type=int, default=20, help="timed steps (default 20)")
+    t.add_argument("--steps", type=int, default=30, help="timed steps (default 30)")
     t.add_argument("--warmup", type=int, default=5, help="untimed steps first, compilation included (default 5)")
     t.add_argument("--compile", action="store_true", help="torch.compile the model")
     t.add_argument("--fit", action="store_true", help="halve the batch until it fits in memory")
