@@ -15,5 +15,6 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
 fi
 extra=""
 if [ "${1:-}" = "dev" ]; then extra="[dev]"; fi
-.venv/bin/pip install -q -e ".${extra}" 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/python -c "import andrea" 
+# (pip's notes about the machine's extra package folders are noise; its exit status is kept)
+.venv/bin/pip install -q -e ".${extra}" 2> >(grep -v "^WARNING: Location" >&2)
+.venv/bin/python -c "import andrea"
