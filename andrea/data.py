@@ -81,11 +81,16 @@ def encode_documents(tokenizer, docs: list[str]) -> np.ndarray:
     return np.concatenate([np.asarray(p, dtype=np.uint16) for p in pieces])
 
 
-def prepare(tokenizer, sources: list[str], out_dir, log=print) -> dict:
-    """Tokenize each source's train and val documents into shards; write the manifest."""
-    from andrea.corpus import load_documents, source_name
+def prepare(tokenizer, sources: list[str], out_dir, log=print, progress: bool = True) -> dict:
+    """Tokenize each source's train and val documents into shards; write the manifest.
+
+    Large inputs are encoded on every core (`HarrisTokenizer.encode_batch` forks workers); the
+    progress bar counts bytes.
+    """
+    from tqdm import tqdm
 
     from andrea.checkpoint import check_writable
+    from andrea.corpus import load_documents, source_name
 
     out = Path(out_dir)
     check_writable(out, "the data folder")
@@ -93,19 +98,25 @@ def prepare(tokenizer, sources: list[str], out_dir, log=print) -> dict:
         raise AndreaError("give at least one source to prepare.")
     manifest = {"format": "andrea-shards", "version": VERSION, "tokenizer": tokenizer.fingerprint(),
                 "vocab_size": tokenizer.vocab_size, "sources": {}}
+    loaded = {spec: {split: load_documents(spec, split) for split in ("train", "val")} for spec in sources}
+    sizes = {spec: {split: sum(len(d.encode("utf-8", "surrogatepass")) for d in docs) for split, docs in splits.items()}
+             for spec, splits in loaded.items()}
+    bar = tqdm(total=sum(n for s in sizes.values() for n in s.values()), unit="B", unit_scale=True,
+               desc="tokenizing", disable=not progress, leave=False)
     for spec in sources:
         name = source_name(spec)
         entry = {}
         for split in ("train", "val"):
-            docs = load_documents(spec, split)
+            docs = loaded[spec][split]
             tokens = encode_documents(tokenizer, docs)
             file = f"{name}.{split}.tok"
             write_shard(out / file, tokens)
-            entry[split] = {"file": file, "tokens": int(len(tokens)), "documents": len(docs),
-                            "bytes": sum(len(d.encode("utf-8", "surrogatepass")) for d in docs)}
+            entry[split] = {"file": file, "tokens": int(len(tokens)), "documents": len(docs), "bytes": sizes[spec][split]}
+            bar.update(sizes[spec][split])
         manifest["sources"][name] = entry
-        log(f"{name:<12} train {entry['train']['tokens']:>11,} tokens ({entry['train']['bytes'] / max(1, entry['train']['tokens']):.2f} bytes/token)"
+        (bar.write if progress and log is print else log)(f"{name:<12} train {entry['train']['tokens']:>11,} tokens ({entry['train']['bytes'] / max(1, entry['train']['tokens']):.2f} bytes/token)"
             f"  val {entry['val']['tokens']:>9,} tokens")
+    bar.close()
     tokenizer.save(out / "tokenizer")
     from andrea.checkpoint import atomic_write_bytes
 

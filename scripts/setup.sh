@@ -11,7 +11,7 @@ if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
-    .venv/bin/pip install -q torch==2.13.0
+    .venv/bin/pip install -q torch==2.13.0 2> >(grep -v "^WARNING: Location" >&2)
 fi
 extra=""
 if [ "${1:-}" = "dev" ]; then extra="[dev]"; fi
