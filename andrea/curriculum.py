@@ -278,7 +278,7 @@ class Curriculum:
             self._next_reroll = int(d["next_reroll"])
             self._step = int(d["step"])
             self._rerolls = [(int(step), [float(x) for x in w]) for step, w in d["rerolls"]]
-            self._history = [(int(s), int(i), float(l), float(r), int(k)) for s, i, l, r, k in d["history"]]
+            self._history = [(int(s), int(i), float(loss), float(r), int(k)) for s, i, loss, r, k in d["history"]]
         except (KeyError, TypeError, ValueError) as e:
             raise AndreaError(f"curriculum state is incomplete or malformed ({e!r}).") from None
 

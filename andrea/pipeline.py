@@ -40,7 +40,7 @@ def prepared_tokenizer(n_segments: int, names: list[str], log=print):
     share each), not on a raw file head, so a large source cannot dominate the segment alphabet.
     """
     from andrea.corpus import load_training_texts
-    from andrea.tokenizer import HarrisTokenizer, WORD_PATTERN
+    from andrea.tokenizer import WORD_PATTERN, HarrisTokenizer
 
     names = sorted(names)
     key = hashlib.sha256(f"{n_segments}|{'+'.join(names)}|{WORD_PATTERN}|{TOKENIZER_VERSION}".encode()).hexdigest()[:16]

@@ -5,8 +5,16 @@ import math
 
 import pytest
 
-from andrea.audit import (WEIGHTS, AuditTracker, build_lexicon, char_entropy, coherence_score, is_real_word,
-                          ngram_diversity, tokens)
+from andrea.audit import (
+    WEIGHTS,
+    AuditTracker,
+    build_lexicon,
+    char_entropy,
+    coherence_score,
+    is_real_word,
+    ngram_diversity,
+    tokens,
+)
 from andrea.errors import AndreaError
 
 # public-domain prose

@@ -14,8 +14,7 @@ from andrea.checkpoint import save_checkpoint
 from andrea.cli import main
 from andrea.config import ModelConfig
 from andrea.errors import AndreaError
-from andrea.generate import (BOS, Chat, TextGenerator, generate_ids, sample_next, stream_ids, stream_text_pieces,
-                             window_keep)
+from andrea.generate import BOS, Chat, TextGenerator, generate_ids, sample_next, stream_ids, stream_text_pieces, window_keep
 from andrea.model import ANDREA
 from andrea.tokenizer import HarrisTokenizer
 

@@ -18,8 +18,7 @@ from hypothesis import strategies as st
 
 import andrea.tokenizer as harris
 from andrea.cli import main
-from andrea.corpus import load_training_texts
-from andrea.corpus import corpus_dir
+from andrea.corpus import corpus_dir, load_training_texts
 from andrea.errors import AndreaError
 from andrea.tokenizer import BOS, WORD_RE, HarrisTokenizer, SuccessorVariety
 

@@ -96,9 +96,12 @@ def test_resume_is_exact_with_curriculum(data_dir, tmp_path):
     cfg = tiny_config(data_dir)
     o = dict(max_steps=10, sampling="ucb", curriculum={"reroll": (2, 4)})
     train(cfg, opts(**o), data_dir, tmp_path / "a", log=quiet, progress=False)
-    train(cfg, opts(**o), data_dir, tmp_path / "b", log=quiet, progress=False, on_step=lambda s, l: s == 5)
+    train(cfg, opts(**o), data_dir, tmp_path / "b", log=quiet, progress=False, on_step=lambda step, loss: step == 5)
     train(cfg, opts(**o), data_dir, tmp_path / "b", resume=True, log=quiet, progress=False)
-    rows = lambda run: [(r["step"], r["source"], r["loss"]) for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "source" in r]
+    def rows(run):
+        return [(r["step"], r["source"], r["loss"]) for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+                if "source" in r]
+
     assert rows(tmp_path / "a") == rows(tmp_path / "b")
 
 
@@ -118,9 +121,10 @@ def test_loss_goes_down_and_checkpoints_appear(data_dir, tmp_path):
 
 def test_bits_per_byte_is_loss_over_bytes(data_dir, tmp_path):
     """bpb = total nats / (ln 2 · bytes of the predicted tokens), checked by hand on one source."""
-    from andrea.train import evaluate, token_byte_lengths
-    from andrea.model import ANDREA
     from contextlib import nullcontext
+
+    from andrea.model import ANDREA
+    from andrea.train import evaluate, token_byte_lengths
 
     cfg = tiny_config(data_dir)
     torch.manual_seed(0)

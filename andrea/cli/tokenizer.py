@@ -12,9 +12,8 @@ PROGRESS_BYTES = 1_000_000  # show progress bars from this much training text on
 
 
 def cmd_tokenizer_train(args) -> int:
-    from andrea.tokenizer import HarrisTokenizer
-
     from andrea.corpus import load_training_texts
+    from andrea.tokenizer import HarrisTokenizer
 
     start = time.time()
     files, shares = list(args.files), None

@@ -38,8 +38,19 @@ import torch
 from andrea.checkpoint import TMP_SUFFIX, Checkpoint, fsync_dir
 from andrea.config import ModelConfig
 from andrea.errors import AndreaError
-from andrea.formats import (RELEASE_CONFIG, SEGMENTS_FILE, adam_moments, adam_state, check_weights, checked_tokenizer,
-                            is_norm, is_table, param_shapes, read_segments, resume_meta)
+from andrea.formats import (
+    RELEASE_CONFIG,
+    SEGMENTS_FILE,
+    adam_moments,
+    adam_state,
+    check_weights,
+    checked_tokenizer,
+    is_norm,
+    is_table,
+    param_shapes,
+    read_segments,
+    resume_meta,
+)
 
 HEADER = struct.Struct("<ii")
 F32 = np.dtype("<f4")
