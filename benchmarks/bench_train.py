@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import platform
 import statistics
 import sys
 import time
@@ -32,20 +31,12 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from common import cpu_name  # noqa: E402  (benchmarks/common.py, beside this script)
+
 from andrea.config import PRESETS, count_params  # noqa: E402
 from andrea.model import ANDREA  # noqa: E402
 
 PEER_ACTIVATION = {"relu2": "relu2", "relu": "relu", "gelu": "gelu"}
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def matmul_rate(n: int = 2048, seconds: float = 0.5) -> float:

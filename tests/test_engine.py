@@ -27,12 +27,7 @@ SEGMENTS = [" the", "the", " cat", " sat", " on", " mat", "ing", " and", "er", "
 TOKENIZER = HarrisTokenizer(SEGMENTS)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_model(seed: int = 0, **changes) -> ANDREA:

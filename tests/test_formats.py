@@ -33,13 +33,7 @@ SPEC_LAYER = ["ln_1.weight", "ln_1.bias", "attn.wq.weight", "attn.wk.weight", "a
               "ln_2.weight", "ln_2.bias", "mlp.fc1.weight", "mlp.fc2.weight"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # tiny models on shared cores: a second thread only adds contention
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def spec_order(cfg: ModelConfig) -> list[str]:
