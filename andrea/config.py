@@ -69,14 +69,18 @@ class ModelConfig:
 
     @classmethod
     def load(cls, path) -> "ModelConfig":
-        path = Path(path)
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise AndreaError(f"config file {path} does not exist.") from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise AndreaError(f"config file {path} is not valid JSON ({e}).") from None
-        return cls.from_dict(data)
+        return cls.from_dict(read_json(path, "config file"))
+
+
+def read_json(path, what: str):
+    """The JSON value in a file, or an AndreaError that names `what`, the path and the problem."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise AndreaError(f"{what} {path} does not exist.") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise AndreaError(f"{what} {path} is not valid JSON ({e}).") from None
 
 
 PRESETS: dict[str, ModelConfig] = {

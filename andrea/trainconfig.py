@@ -27,7 +27,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
-from andrea.config import PRESETS
+from andrea.config import PRESETS, read_json
 from andrea.curriculum import DEFAULT_C, DEFAULT_REROLL, Curriculum
 from andrea.errors import AndreaError
 
@@ -169,14 +169,7 @@ class TrainConfig:
 
     @classmethod
     def load(cls, path) -> "TrainConfig":
-        path = Path(path)
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise AndreaError(f"training config {path} does not exist.") from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise AndreaError(f"training config {path} is not valid JSON ({e}).") from None
-        return cls.from_dict(data)
+        return cls.from_dict(read_json(path, "training config"))
 
 
 def apply_overrides(cfg: TrainConfig, **flags) -> TrainConfig:
