@@ -35,10 +35,12 @@ class KVCache:
 
     A cache belongs to one generation, during which the weights do not change, so it also keeps
     copies of the weights in the layout that decodes fastest, built on first use. Decoding
-    multiplies one row vector by each matrix, which is most of a token's time; for the matrices
-    that widen (q/k/v stacked, fc1, the head) BLAS streams an (in, out) copy up to twice as fast
-    as torch's (out, in) layout, while for the others (wo, fc2) the (out, in) layout is as fast
-    or faster (measured on the CPUs we test on).
+    multiplies one row vector by each matrix, which is most of a token's time, and a single
+    matrix-vector product runs on one thread. On a CPU each matrix is therefore split by output
+    columns into one (in, out/k) block per thread (zero-padded to split evenly) and multiplied as
+    one batched matmul, whose blocks run in parallel. With one thread, a widening matrix is kept
+    (in, out), which BLAS streams up to twice as fast as torch's (out, in) layout.
+    (Measured on the 2-core CPUs we test on: see benchmarks/bench_decode.py.)
     """
 
     def __init__(self, cfg: ModelConfig, batch_size: int, max_len: int | None = None, device=None, dtype=torch.float32):
@@ -58,10 +60,23 @@ class KVCache:
         (the stacked q/k/v matrix, made once per generation)."""
         if key not in self.weights:
             w = (weight() if callable(weight) else weight).detach()
-            widens = w.shape[0] > w.shape[1]
-            self.weights[key] = (w.t().contiguous() if widens else w, widens)
-        w, transposed = self.weights[key]
-        return x @ w if transposed else F.linear(x, w)
+            out = w.shape[0]
+            parts = torch.get_num_threads() if w.device.type == "cpu" else 1
+            if parts > 1:
+                # (parts, in, out/parts), zero rows padding out to a multiple of parts: one batched
+                # matmul whose blocks run on separate threads
+                w = F.pad(w, (0, 0, 0, -out % parts))
+                self.weights[key] = ("split", out, w.t().reshape(w.shape[1], parts, -1).permute(1, 0, 2).contiguous())
+            elif out > w.shape[1]:
+                self.weights[key] = ("in-out", out, w.t().contiguous())
+            else:
+                self.weights[key] = ("out-in", out, w)
+        layout, out, w = self.weights[key]
+        if layout == "split":
+            rows = x.reshape(-1, x.shape[-1])
+            y = torch.bmm(rows.expand(w.shape[0], *rows.shape), w)  # (parts, rows, out/parts)
+            return y.permute(1, 0, 2).reshape(*x.shape[:-1], -1)[..., :out]
+        return x @ w if layout == "in-out" else F.linear(x, w)
 
     def check_fits(self, ids: torch.Tensor) -> None:
         """Raise a ValueError naming the cache's size when ids do not fit in it."""
