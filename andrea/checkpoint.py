@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from andrea.config import ModelConfig
 from andrea.errors import AndreaError
@@ -142,7 +142,7 @@ def load_checkpoint(path) -> Checkpoint:
 
         with safe_open(str(path), framework="pt") as f:
             header = f.metadata() or {}
-        tensors = load_file(str(path))
+            tensors = {name: f.get_tensor(name) for name in f.keys()}
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
         raise AndreaError(f"{path} is not a readable checkpoint ({str(e).splitlines()[0][:120]}).") from None
     try:

@@ -56,13 +56,7 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> "ModelConfig":
-        if not isinstance(data, dict):
-            raise AndreaError(f"a model config must be a JSON object, got {type(data).__name__}.")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise AndreaError(f"unknown model config field(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}.")
-        return cls(**data)
+        return cls(**check_fields(data, cls, "model config"))
 
     def save(self, path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
@@ -70,6 +64,17 @@ class ModelConfig:
     @classmethod
     def load(cls, path) -> "ModelConfig":
         return cls.from_dict(read_json(path, "config file"))
+
+
+def check_fields(data, cls, what: str) -> dict:
+    """data, once it is known to be a dict whose keys are all fields of the dataclass cls."""
+    if not isinstance(data, dict):
+        raise AndreaError(f"a {what} must be a JSON object, got {type(data).__name__}.")
+    known = [f.name for f in fields(cls)]
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise AndreaError(f"unknown {what} field(s): {', '.join(unknown)}; known: {', '.join(known)}.")
+    return data
 
 
 def read_json(path, what: str):

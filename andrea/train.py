@@ -61,7 +61,6 @@ class TrainOptions:
     eval_every: int = 100
     eval_windows: int = 16  # validation windows per source
     checkpoint_every: int = 100
-    log_every: int = 1
     seed: int = 1337
     sampling: str = "ucb"  # how a step's source is drawn: ucb, uniform, proportional (by token count)
     sources: list | None = None  # train on these sources of the data only (default: all)

@@ -27,7 +27,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
-from andrea.config import PRESETS, read_json
+from andrea.config import PRESETS, check_fields, read_json
 from andrea.curriculum import DEFAULT_C, DEFAULT_REROLL, Curriculum
 from andrea.errors import AndreaError
 
@@ -57,7 +57,7 @@ class TrainConfig:
     recipe: str = "v2"
     batch_size: int = 16
     micro_batch: int | None = None
-    seq_len: int = 256
+    seq_len: int | None = None  # None: 256, or the model's context when that is shorter
     lr: float | None = None  # None: the recipe's default
     warmup_steps: int = 2000  # v2 learning-rate warm-up
     max_steps: int | None = None
@@ -81,9 +81,9 @@ class TrainConfig:
             raise AndreaError("give either preset or model_config, not both.")
         _choice(self.sampling, SAMPLING, "sampling")
         _choice(self.recipe, RECIPES, "recipe")
-        for name in ("batch_size", "seq_len", "eval_every", "checkpoint_every"):
+        for name in ("batch_size", "eval_every", "checkpoint_every"):
             _positive_int(getattr(self, name), name)
-        for name in ("micro_batch", "max_steps"):
+        for name in ("micro_batch", "max_steps", "seq_len"):
             if getattr(self, name) is not None:
                 _positive_int(getattr(self, name), name)
         _int(self.warmup_steps, "warmup_steps", low=0)
@@ -138,12 +138,13 @@ class TrainConfig:
             raise AndreaError("a curriculum needs sources; list them in the config's sources.")
         return Curriculum(names, mode=self.sampling, **self.curriculum_kwargs())
 
-    def to_options(self, **extra):
-        """The loop's settings (`andrea.train.TrainOptions`) for this config."""
+    def to_options(self, block_size: int, **extra):
+        """The loop's settings (`andrea.train.TrainOptions`) for this config and a model context."""
         from andrea.train import TrainOptions
 
+        seq_len = self.seq_len if self.seq_len is not None else min(256, block_size)
         return TrainOptions(recipe=self.recipe, batch_size=self.batch_size,
-                            micro_batch=self.micro_batch or self.batch_size, seq_len=self.seq_len, lr=self.lr,
+                            micro_batch=self.micro_batch or self.batch_size, seq_len=seq_len, lr=self.lr,
                             warmup_steps=self.warmup_steps, max_steps=self.max_steps, time_limit=self.time_limit,
                             eval_every=self.eval_every, checkpoint_every=self.checkpoint_every, seed=self.seed,
                             sampling=self.sampling, curriculum=self.curriculum_kwargs(), audit=dict(self.audit),
@@ -156,13 +157,7 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> "TrainConfig":
-        if not isinstance(data, dict):
-            raise AndreaError(f"a training config must be a JSON object, got {type(data).__name__}.")
-        known = [f.name for f in fields(cls)]
-        unknown = sorted(set(data) - set(known))
-        if unknown:
-            raise AndreaError(f"unknown training config field(s): {', '.join(unknown)}; known: {', '.join(known)}.")
-        return cls(**data)
+        return cls(**check_fields(data, cls, "training config"))
 
     def save(self, path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")

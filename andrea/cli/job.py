@@ -25,8 +25,8 @@ def cmd_main(args) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("main", help="the main job: fetch the corpus, fit the tokenizer, train a CPU model, sample",
-                       description="Fetch the default corpus (cached), fit the Harris tokenizer on a sample drawn with "
-                                   "equal weight per source (cached), tokenize it into shards (cached), train a "
+                       description="Fetch the default corpus (cached), fit the Harris tokenizer on the training text "
+                                   "with an equal share per source (cached), tokenize it into shards (cached), train a "
                                    "CPU-sized model with the UCB1 curriculum for a bounded time, then print validation "
                                    "bits per byte, a few samples and where the checkpoint is.")
     p.add_argument("--preset", default="andrea-cpu", help="model preset (default andrea-cpu)")

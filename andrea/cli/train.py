@@ -61,20 +61,12 @@ def cmd_train(args) -> int:
     if not cfg.data or not cfg.out:
         raise AndreaError("andrea train needs --data (a prepared folder) and --out (a run folder), on the command line or in --config.")
     model_cfg = resolve_config(cfg.preset or ("andrea-cpu" if not cfg.model_config else None), cfg.model_config)
-    opts = cfg.to_options(compile=bool(args.compile), fsdp=bool(args.fsdp))
-    if args.seq_len is None and (not args.config or "seq_len" not in _file_fields(args.config)):
-        opts.seq_len = min(opts.seq_len, model_cfg.block_size)
+    opts = cfg.to_options(model_cfg.block_size, compile=bool(args.compile), fsdp=bool(args.fsdp))
     result = train(model_cfg, opts, cfg.data, cfg.out, resume=args.resume, progress=not args.no_progress)
     if result.eval and result.checkpoint:
         print(f"validation: {result.eval['all']['bpb']:.4f} bits per byte (loss {result.eval['all']['loss']:.4f}) "
               f"at step {result.step:,}; checkpoint {result.checkpoint}")
     return 0 if result.stopped != "audit" else 3
-
-
-def _file_fields(path) -> set:
-    import json
-
-    return set(json.loads(open(path).read()))
 
 
 def register(sub) -> None:
