@@ -16,7 +16,6 @@ then the folder is fsynced; a crash leaves either the old checkpoint or the new 
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,10 +25,10 @@ from safetensors.torch import save_file
 
 from andrea.config import ModelConfig
 from andrea.errors import AndreaError
+from andrea.files import atomic_output
 
 FORMAT = "andrea-checkpoint"
 VERSION = 1
-TMP_SUFFIX = ".tmp"
 
 
 @dataclass
@@ -70,43 +69,6 @@ def _unflatten_optimizer(tensors: dict[str, torch.Tensor], info: dict) -> dict:
     return {"state": state, "param_groups": info["param_groups"]}
 
 
-def fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def check_writable(folder: Path, what: str = "the folder") -> None:
-    """Make folder if needed and prove a file can be written there, before any work is done."""
-    folder = Path(folder)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / ".write-test"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        raise AndreaError(f"cannot write to {what} {folder} ({e.strerror}).") from None
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write data to path so that a crash leaves the old file or the new one, never half."""
-    path = Path(path)
-    tmp = path.with_name(path.name + TMP_SUFFIX)
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
 def save_checkpoint(path, config: ModelConfig, model_state: dict, optim_state: dict | None = None, meta: dict | None = None) -> Path:
     path = Path(path)
     tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in model_state.items()}
@@ -116,12 +78,8 @@ def save_checkpoint(path, config: ModelConfig, model_state: dict, optim_state: d
         tensors.update(optim_tensors)
     tensors["rng.torch"] = torch.get_rng_state()
     meta.update(format=FORMAT, version=VERSION, config=config.to_dict())
-    tmp = path.with_name(path.name + TMP_SUFFIX)
-    save_file(tensors, str(tmp), metadata={"andrea": json.dumps(meta)})
-    with open(tmp, "rb+") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+    with atomic_output(path) as tmp:
+        save_file(tensors, str(tmp), metadata={"andrea": json.dumps(meta)})
     return path
 
 
@@ -147,9 +105,10 @@ def load_checkpoint(path) -> Checkpoint:
         raise AndreaError(f"{path} is not a readable checkpoint ({str(e).splitlines()[0][:120]}).") from None
     try:
         meta = json.loads(header["andrea"])
-        assert meta.get("format") == FORMAT
-    except (KeyError, json.JSONDecodeError, AssertionError, TypeError):
-        raise AndreaError(f"{path} is a safetensors file but not an andrea checkpoint.") from None
+    except (KeyError, json.JSONDecodeError, TypeError):
+        meta = None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise AndreaError(f"{path} is a safetensors file but not an andrea checkpoint.")
     if meta.get("version", 0) > VERSION:
         raise AndreaError(f"{path} is checkpoint format version {meta['version']}; this andrea reads up to {VERSION}.")
     config = ModelConfig.from_dict(meta["config"])

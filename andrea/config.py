@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, fields
-from pathlib import Path
 
 from andrea.errors import AndreaError
+from andrea.files import atomic_write_bytes, read_json
 
 POSITION_SCHEMES = ("learned", "sinusoidal", "rope", "none")
 NORMS = ("layernorm", "rmsnorm")
 ACTIVATIONS = ("relu2", "relu", "gelu")
+BOS = 256  # starts every document, ends generation
 N_SPECIAL = 257  # ids 0-255 are bytes, 256 is BOS; segments start at 257
 
 
@@ -59,7 +60,7 @@ class ModelConfig:
         return cls(**check_fields(data, cls, "model config"))
 
     def save(self, path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        atomic_write_bytes(path, (json.dumps(self.to_dict(), indent=2) + "\n").encode())
 
     @classmethod
     def load(cls, path) -> "ModelConfig":
@@ -75,17 +76,6 @@ def check_fields(data, cls, what: str) -> dict:
     if unknown:
         raise AndreaError(f"unknown {what} field(s): {', '.join(unknown)}; known: {', '.join(known)}.")
     return data
-
-
-def read_json(path, what: str):
-    """The JSON value in a file, or an AndreaError that names `what`, the path and the problem."""
-    path = Path(path)
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise AndreaError(f"{what} {path} does not exist.") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise AndreaError(f"{what} {path} is not valid JSON ({e}).") from None
 
 
 PRESETS: dict[str, ModelConfig] = {

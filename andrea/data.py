@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from andrea.errors import AndreaError
+from andrea.files import atomic_write_bytes, check_writable
 
 MAGIC = b"ANDREATK"
 VERSION = 1
@@ -38,8 +39,6 @@ assert HEADER.size == 32
 
 
 def write_shard(path: Path, tokens: np.ndarray) -> None:
-    from andrea.checkpoint import atomic_write_bytes
-
     tokens = np.ascontiguousarray(tokens, dtype="<u2")
     atomic_write_bytes(path, HEADER.pack(MAGIC, VERSION, 2, len(tokens), 0) + tokens.tobytes())
 
@@ -89,7 +88,6 @@ def prepare(tokenizer, sources: list[str], out_dir, log=print, progress: bool = 
     """
     from tqdm import tqdm
 
-    from andrea.checkpoint import check_writable
     from andrea.corpus import load_documents, source_name
 
     out = Path(out_dir)
@@ -118,8 +116,6 @@ def prepare(tokenizer, sources: list[str], out_dir, log=print, progress: bool = 
             f"  val {entry['val']['tokens']:>9,} tokens")
     bar.close()
     tokenizer.save(out / "tokenizer")
-    from andrea.checkpoint import atomic_write_bytes
-
     atomic_write_bytes(out / "manifest.json", (json.dumps(manifest, indent=2) + "\n").encode())
     return manifest
 

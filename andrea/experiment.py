@@ -139,7 +139,8 @@ def measure(model, windows: dict, seq_len: int, byte_len: torch.Tensor) -> dict:
 def run_positions_experiment(exp: PositionsExperiment, log=print, progress: bool = True) -> dict:
     from andrea.checkpoint import load_model
     from andrea.data import TokenData
-    from andrea.train import TrainOptions, token_byte_lengths, train
+    from andrea.train import token_byte_lengths, train
+    from andrea.trainconfig import TrainConfig
 
     exp.check()
     data = TokenData(exp.data_dir)
@@ -153,13 +154,14 @@ def run_positions_experiment(exp: PositionsExperiment, log=print, progress: bool
     byte_len = token_byte_lengths(tokenizer, V)
     opts_args = dict(recipe="v2", batch_size=exp.batch_size, micro_batch=exp.batch_size, seq_len=exp.seq_len,
                      lr=exp.lr, warmup_steps=max(1, exp.steps // 10), max_steps=exp.steps, eval_every=exp.steps,
-                     checkpoint_every=exp.steps, eval_windows=exp.eval_windows, seed=exp.seed, sampling="proportional")
+                     checkpoint_every=exp.steps, eval_windows=exp.eval_windows, seed=exp.seed, sampling="proportional",
+                     audit={"enabled": False})
     rows = []
     for n, scheme in enumerate(exp.schemes, 1):
         cfg = exp.config(V, scheme)
         log(f"[{n}/{len(exp.schemes)}] training pos={scheme}: {exp.steps} steps at length {exp.seq_len}, context {cfg.block_size}")
         t0 = time.time()
-        result = train(cfg, TrainOptions(**opts_args), exp.data_dir, out / scheme, log=log, progress=progress)
+        result = train(cfg, TrainConfig(**opts_args), exp.data_dir, out / scheme, log=log, progress=progress)
         seconds = time.time() - t0
         model, _, _ = load_model(result.checkpoint)
         m = measure(model, windows, exp.seq_len, byte_len)

@@ -80,7 +80,8 @@ def main_job_data(n_segments: int, log=print) -> tuple[list[str], object, Path, 
 
 def run_main_job(job: MainJob, log=print) -> dict:
     from andrea.generate import TextGenerator
-    from andrea.train import TrainOptions, train
+    from andrea.train import train
+    from andrea.trainconfig import TrainConfig
 
     t0 = time.time()
     cfg = get_preset(job.preset)
@@ -88,10 +89,10 @@ def run_main_job(job: MainJob, log=print) -> dict:
     names, tokenizer, tok_dir, data_dir = main_job_data(cfg.n_segments, log)
     out = Path(job.out) if job.out else Path("runs") / time.strftime("main-%Y%m%d-%H%M%S")
     log(f"4/4 training {job.preset} for {job.minutes:g} minutes into {out}")
-    opts = TrainOptions(recipe="v2", batch_size=job.batch_size, micro_batch=job.batch_size,
-                        seq_len=min(job.seq_len, cfg.block_size),
-                        lr=job.lr, warmup_steps=50, time_limit=job.minutes * 60, eval_every=250,
-                        checkpoint_every=100, seed=job.seed, sampling=job.sampling, eval_windows=16)
+    opts = TrainConfig(recipe="v2", batch_size=job.batch_size, seq_len=min(job.seq_len, cfg.block_size),
+                       lr=job.lr, warmup_steps=50, time_limit=job.minutes * 60, eval_every=250,
+                       checkpoint_every=100, seed=job.seed, sampling=job.sampling, eval_windows=16,
+                       audit={"enabled": False})
     result = train(cfg, opts, data_dir, out, log=log)
     from andrea.checkpoint import load_model
 

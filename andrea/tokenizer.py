@@ -58,9 +58,10 @@ from collections import Counter
 from itertools import chain
 from pathlib import Path
 
+from andrea.config import BOS
 from andrea.errors import AndreaError
+from andrea.files import atomic_write_bytes, read_json
 
-BOS = 256
 FIRST_SEGMENT = 257  # id of segment 0
 
 WORD_PATTERN = r"'(?:[sdmt]|ll|ve|re)| ?[^\W\d_]+| ?\d+| ?[^\s\w]+|_+|\s+(?!\S)|\s+"
@@ -559,12 +560,12 @@ class HarrisTokenizer:
         text = json.dumps(self.segments, ensure_ascii=False, indent=0)
         if any(map(_has_surrogate, self.segments)):  # not UTF-8; \u escapes keep the file valid
             text = json.dumps(self.segments, ensure_ascii=True, indent=0)
-        _write_atomic(directory / SEGMENTS_FILE, (text + "\n").encode())
+        atomic_write_bytes(directory / SEGMENTS_FILE, (text + "\n").encode())
         meta = self.to_dict()
         del meta["segments"]
-        _write_atomic(directory / META_FILE, (json.dumps(meta, indent=2, ensure_ascii=False) + "\n").encode())
+        atomic_write_bytes(directory / META_FILE, (json.dumps(meta, indent=2, ensure_ascii=False) + "\n").encode())
         if self._words is not None:
-            _write_atomic(directory / WORDS_FILE, gzip.compress(("\n".join(self._words) + "\n").encode(), mtime=0))
+            atomic_write_bytes(directory / WORDS_FILE, gzip.compress(("\n".join(self._words) + "\n").encode(), mtime=0))
         return directory
 
     @classmethod
@@ -577,11 +578,11 @@ class HarrisTokenizer:
         seg_file = path / SEGMENTS_FILE if path.is_dir() else path
         if not seg_file.is_file():
             raise AndreaError(f"{path} has no {SEGMENTS_FILE}; is it a folder written by `andrea tokenizer train`?")
-        segments = _check_segments(_read_json(seg_file), str(seg_file))
+        segments = _check_segments(read_json(seg_file, "tokenizer file"), str(seg_file))
         meta, words = {}, None
         meta_file = seg_file.with_name(META_FILE)
         if path.is_dir() and meta_file.is_file():
-            d = _read_json(meta_file)
+            d = read_json(meta_file, "tokenizer file")
             d = {**d, "segments": segments} if isinstance(d, dict) else d
             tok = cls.from_dict(d, str(meta_file))
             if d.get("n_segments", len(segments)) != len(segments):
@@ -595,21 +596,6 @@ class HarrisTokenizer:
             except (OSError, EOFError, UnicodeDecodeError):
                 raise AndreaError(f"{words_file} is damaged (not gzip-compressed UTF-8 text).") from None
         return cls(segments, meta, words)
-
-
-def _read_json(path: Path):
-    try:
-        return json.loads(path.read_bytes())
-    except UnicodeDecodeError:
-        raise AndreaError(f"{path} is not UTF-8 text, so not a JSON file.") from None
-    except json.JSONDecodeError as e:
-        raise AndreaError(f"{path} is not valid JSON ({e.msg} at line {e.lineno}).") from None
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 def _encode_slice(bounds):

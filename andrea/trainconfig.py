@@ -1,5 +1,8 @@
-"""The training config file: one JSON object naming the data plan, the curriculum, the audit and
-the run's settings, in the spirit of ANDREA's TRAIN.json.
+"""Every setting of a training run, defined once: its default, its check, its help.
+
+The dataclass `TrainConfig` below is the one definition. From it come the defaults of the library
+(`andrea.train.train` takes a TrainConfig), the checks of the JSON config file (`--config`), and
+the flags of `andrea train` (`add_arguments`), so the three accept exactly the same settings:
 
     {
       "preset": "andrea-cpu", "data": "data/", "out": "runs/a",
@@ -10,106 +13,209 @@ the run's settings, in the spirit of ANDREA's TRAIN.json.
       "recipe": "v2", "batch_size": 16, "seq_len": 256, "max_steps": 5000
     }
 
-Every field is optional and every unknown field is an error. A source is an object with `name`
-(required), `path` (what `andrea prepare` reads: a fetched source name, a folder or a text file;
-default: the name), `floor` (default 0) and `cap` (default 1), or just its name as a string.
-`curriculum` holds the keyword arguments of `Curriculum` that are not per source, `audit` the
-sample-audit settings; a partial section keeps the defaults of the keys it leaves out.
-`warmup_steps` at the top level is the v2 learning-rate warm-up; the curriculum's warm-up is
-`curriculum.warmup_steps`. `micro_batch` is the sequences per forward pass, so gradients
-accumulate over batch_size / (micro_batch x processes) passes; None means no accumulation.
+Every field is optional and every unknown field is an error. A field `batch_size` is the flag
+`--batch-size`; a key of a section is `--<section>-<key>` (`--audit-threshold 20`,
+`--curriculum-warmup-steps 100`), and `audit.enabled` is `--audit` / `--no-audit`. Flags
+override the file's fields. A source is an object with `name` (required), `path` (what
+`andrea prepare` reads: a fetched source name, a folder or a text file; default: the name),
+`floor` (default 0) and `cap` (default 1), or just its name as a string; on the command line
+each `--sources` item is a name or such an object in JSON. A partial section keeps the defaults
+of the keys it leaves out. `warmup_steps` at the top level is the v2 learning-rate warm-up; the
+curriculum's warm-up is `curriculum.warmup_steps`.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 from dataclasses import asdict, dataclass, field, fields, replace
-from pathlib import Path
 
-from andrea.config import PRESETS, check_fields, read_json
+from andrea.config import PRESETS, check_fields
 from andrea.curriculum import DEFAULT_C, DEFAULT_REROLL, Curriculum
 from andrea.errors import AndreaError
+from andrea.files import atomic_write_bytes, read_json
+from andrea.optim import DEFAULT_LR, RECIPES
 
-RECIPES = ("v1", "v2")
 SAMPLING = ("ucb", "uniform", "proportional")  # proportional: by token count, no curriculum
 SOURCE_KEYS = ("name", "path", "floor", "cap")
 
-
-def default_curriculum() -> dict:
-    return {"C": DEFAULT_C, "reroll": list(DEFAULT_REROLL), "warmup_sources": [], "warmup_steps": 0}
+# ---------------------------------------------------------------- checks, one per kind of value
 
 
-def default_audit() -> dict:
-    return {"every": 100, "tokens": 420, "threshold": 30.0, "patience": 5, "enabled": True}
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _int_at_least(low: int):
+    def check(value, name):
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise AndreaError(f"{name} must be an integer >= {low}, got {value!r}.")
+    check.kind = int
+    return check
+
+
+positive_int, non_negative_int = _int_at_least(1), _int_at_least(0)
+
+
+def positive_number(value, name):
+    if not _is_number(value) or not value > 0:
+        raise AndreaError(f"{name} must be a positive number, got {value!r}.")
+
+
+def non_negative_number(value, name):
+    if not _is_number(value) or value < 0:
+        raise AndreaError(f"{name} must be a non-negative number, got {value!r}.")
+
+
+def fraction(value, name):
+    if not _is_number(value) or not 0 <= value <= 1:
+        raise AndreaError(f"{name} must be a number in 0..1, got {value!r}.")
+
+
+def percent(value, name):
+    if not _is_number(value) or not 0 <= value <= 100:
+        raise AndreaError(f"{name} must be a number in 0..100, got {value!r}.")
+
+
+def boolean(value, name):
+    if not isinstance(value, bool):
+        raise AndreaError(f"{name} must be true or false, got {value!r}.")
+
+
+def text(value, name):
+    if not isinstance(value, str) or not value:
+        raise AndreaError(f"{name} must be a non-empty string, got {value!r}.")
+
+
+def names_list(value, name):
+    if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+        raise AndreaError(f"{name} must be a list of names, got {value!r}.")
+
+
+def reroll_range(value, name):
+    if (not isinstance(value, list) or len(value) != 2
+            or not all(isinstance(x, int) and not isinstance(x, bool) for x in value) or not 1 <= value[0] <= value[1]):
+        raise AndreaError(f"{name} must be two integers 1 <= low <= high, got {value!r}.")
+
+
+def one_of(*allowed):
+    def check(value, name):
+        if value not in allowed:
+            raise AndreaError(f"{name} must be one of {', '.join(allowed)}, got {value!r}.")
+    check.choices = allowed
+    return check
+
+
+for _check in (positive_number, non_negative_number, fraction, percent):
+    _check.kind = float
+text.kind = str
+boolean.kind = bool
+
+
+def optional(check):
+    """The same check, but None (\"use the default rule\") is allowed too."""
+    def wrapped(value, name):
+        if value is not None:
+            check(value, name)
+    wrapped.kind, wrapped.choices = getattr(check, "kind", None), getattr(check, "choices", None)
+    return wrapped
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting's default, check and help; `nargs` and `kind` shape its flag."""
+
+    default: object
+    check: object
+    help: str
+    nargs: object = None
+    kind: type | None = None
+    metavar: object = None
+
+
+def setting(default, check, help: str, **flag) -> object:
+    """A dataclass field that carries its Setting (check and help) in its metadata."""
+    spec = Setting(default, check, help, **flag)
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda: json.loads(json.dumps(default)), metadata={"setting": spec})
+    return field(default=default, metadata={"setting": spec})
+
+
+AUDIT = {
+    "enabled": Setting(True, boolean, "score a generated sample every `every` steps and halt a collapsed run"),
+    "every": Setting(100, positive_int, "steps between sample audits"),
+    "tokens": Setting(420, positive_int, "tokens generated for each audit sample"),
+    "threshold": Setting(30.0, percent, "a score below this (0-100) counts as a low score"),
+    "patience": Setting(5, positive_int, "low scores in a row that halt the run"),
+}
+CURRICULUM = {
+    "C": Setting(DEFAULT_C, non_negative_number, "the UCB1 exploration constant"),
+    "reroll": Setting(list(DEFAULT_REROLL), reroll_range, "a pick lasts a random number of steps in LOW..HIGH",
+                      nargs=2, kind=int, metavar=("LOW", "HIGH")),
+    "warmup_sources": Setting([], names_list, "sources drawn alone during the curriculum's warm-up", nargs="*", kind=str, metavar="NAME"),
+    "warmup_steps": Setting(0, non_negative_int, "steps of curriculum warm-up on warmup_sources"),
+}
+SECTIONS = {"audit": AUDIT, "curriculum": CURRICULUM}
+
+
+def _section_defaults(section: dict) -> dict:
+    return {key: json.loads(json.dumps(s.default)) for key, s in section.items()}
 
 
 @dataclass
 class TrainConfig:
-    preset: str | None = None
-    model_config: str | None = None  # a model config JSON instead of a preset
-    data: str | None = None  # a folder made by `andrea prepare`
-    out: str | None = None  # the run folder
-    sources: list = field(default_factory=list)  # empty: every source in the data, no floors or caps
-    sampling: str = "ucb"
-    curriculum: dict = field(default_factory=default_curriculum)
-    audit: dict = field(default_factory=default_audit)
-    recipe: str = "v2"
-    batch_size: int = 16
-    micro_batch: int | None = None
-    seq_len: int | None = None  # None: 256, or the model's context when that is shorter
-    lr: float | None = None  # None: the recipe's default
-    warmup_steps: int = 2000  # v2 learning-rate warm-up
-    max_steps: int | None = None
-    time_limit: float | None = None  # seconds
-    eval_every: int = 100
-    checkpoint_every: int = 100
-    seed: int = 1337
+    # what to train on and where it goes
+    preset: str | None = setting(None, optional(one_of(*PRESETS)), "model preset (default andrea-cpu)")
+    model_config: str | None = setting(None, optional(text), "a model config JSON instead of a preset", metavar="FILE")
+    data: str | None = setting(None, optional(text), "a folder made by `andrea prepare`", metavar="DIR")
+    out: str | None = setting(None, optional(text), "the run folder (checkpoints, metrics.jsonl, loss.png)", metavar="DIR")
+    sources: list = setting([], None, "train on these sources of the data only, each a name or a JSON object "
+                            "with name, path, floor, cap (default: every source, no floors or caps)", nargs="+", kind=str,
+                            metavar="SOURCE")
+    sampling: str = setting("ucb", one_of(*SAMPLING), "how each step's source is chosen: the UCB1 curriculum, "
+                            "uniform, or proportional to token count")
+    curriculum: dict = setting(_section_defaults(CURRICULUM), None, "the curriculum's settings")
+    audit: dict = setting(_section_defaults(AUDIT), None, "the sample audit's settings")
+    # the optimizer and its schedule
+    recipe: str = setting("v2", one_of(*RECIPES), "v1: Adam 3e-4 and nothing else; v2: AdamW, weight decay on "
+                          "matrices, clipping, warm-up into cosine")
+    lr: float | None = setting(None, optional(positive_number),
+                               f"peak learning rate (default v1 {DEFAULT_LR['v1']:g}, v2 {DEFAULT_LR['v2']:g})")
+    warmup_steps: int = setting(2000, non_negative_int, "v2 linear learning-rate warm-up steps")
+    min_lr_ratio: float = setting(0.1, fraction, "v2: the cosine decays to lr times this")
+    weight_decay: float = setting(0.1, non_negative_number, "v2 weight decay of the matrices")
+    grad_clip: float = setting(1.0, non_negative_number, "v2 global gradient-norm clip (0: none)")
+    # sizes and budget
+    batch_size: int = setting(16, positive_int, "sequences per optimizer step, over all processes")
+    micro_batch: int | None = setting(None, optional(positive_int), "sequences per forward pass per process; "
+                                      "gradients accumulate (default: the whole per-process batch)")
+    seq_len: int | None = setting(None, optional(positive_int), "tokens per training sequence, at most the "
+                                  "model's context (default 256, or the context when shorter)")
+    max_steps: int | None = setting(None, optional(positive_int), "stop after this many optimizer steps")
+    time_limit: float | None = setting(None, optional(positive_number), "stop after this many seconds of training")
+    # what the run measures and keeps
+    eval_every: int = setting(100, positive_int, "steps between validation passes")
+    eval_windows: int = setting(16, positive_int, "validation windows per source at each evaluation")
+    checkpoint_every: int = setting(100, positive_int, "steps between checkpoints")
+    smma_window: int = setting(100, positive_int, "window of the smoothed (SMMA) training loss")
+    seed: int = setting(1337, non_negative_int, "seed of weights, data order and curriculum")
+    # how it runs
+    compile: bool = setting(False, boolean, "torch.compile the model (GPU)")
+    fsdp: bool = setting(False, boolean, "shard with FSDP under torchrun instead of DDP")
 
     def __post_init__(self):
-        self.sources = [_source_entry(s) for s in _list_of(self.sources, "sources")]
-        self.curriculum = _section(self.curriculum, default_curriculum(), "curriculum")
-        self.audit = _section(self.audit, default_audit(), "audit")
-        self._check()
-
-    def _check(self) -> None:
-        for name in ("preset", "model_config", "data", "out"):
-            _optional(self, name, str)
-        if self.preset is not None and self.preset not in PRESETS:
-            raise AndreaError(f"unknown preset {self.preset!r}; known presets: {', '.join(PRESETS)}.")
+        if not isinstance(self.sources, (list, tuple)):
+            raise AndreaError(f"sources must be a list, got {self.sources!r}.")
+        self.sources = [_source_entry(s) for s in self.sources]
+        for name, section in SECTIONS.items():
+            setattr(self, name, _section(getattr(self, name), section, name))
+        for f in fields(self):
+            check = f.metadata["setting"].check
+            if check is not None:
+                check(getattr(self, f.name), f.name)
         if self.preset is not None and self.model_config is not None:
             raise AndreaError("give either preset or model_config, not both.")
-        _choice(self.sampling, SAMPLING, "sampling")
-        _choice(self.recipe, RECIPES, "recipe")
-        for name in ("batch_size", "eval_every", "checkpoint_every"):
-            _positive_int(getattr(self, name), name)
-        for name in ("micro_batch", "max_steps", "seq_len"):
-            if getattr(self, name) is not None:
-                _positive_int(getattr(self, name), name)
-        _int(self.warmup_steps, "warmup_steps", low=0)
-        _int(self.seed, "seed", low=0)
-        for name in ("lr", "time_limit"):
-            value = getattr(self, name)
-            if value is not None and (not _is_number(value) or not value > 0):
-                raise AndreaError(f"{name} must be a positive number, got {value!r}.")
-        a = self.audit
-        _positive_int(a["every"], "audit.every")
-        _positive_int(a["tokens"], "audit.tokens")
-        _positive_int(a["patience"], "audit.patience")
-        if not _is_number(a["threshold"]) or not 0 <= a["threshold"] <= 100:
-            raise AndreaError(f"audit.threshold must be a number in 0..100, got {a['threshold']!r}.")
-        if not isinstance(a["enabled"], bool):
-            raise AndreaError(f"audit.enabled must be true or false, got {a['enabled']!r}.")
-        c = self.curriculum
-        reroll = c["reroll"]
-        if (not isinstance(reroll, (list, tuple)) or len(reroll) != 2
-                or not all(isinstance(x, int) and not isinstance(x, bool) for x in reroll) or not 1 <= reroll[0] <= reroll[1]):
-            raise AndreaError(f"curriculum.reroll must be two integers 1 <= low <= high, got {reroll!r}.")
-        c["reroll"] = list(reroll)
-        c["warmup_sources"] = _list_of(c["warmup_sources"], "curriculum.warmup_sources")
-        if not _is_number(c["C"]) or c["C"] < 0:
-            raise AndreaError(f"curriculum.C must be a non-negative number, got {c['C']!r}.")
-        _int(c["warmup_steps"], "curriculum.warmup_steps", low=0)
         names = self.source_names()
         if len(set(names)) != len(names):
             raise AndreaError(f"source names must be unique, got {', '.join(names)}.")
@@ -117,6 +223,19 @@ class TrainConfig:
             self.make_curriculum(names)  # checks floors and caps together, and the warm-up sources
 
     # ---------------------------------------------------------------- what a trainer reads
+
+    def resolved_lr(self) -> float:
+        return self.lr if self.lr is not None else DEFAULT_LR[self.recipe]
+
+    def for_model(self, block_size: int) -> "TrainConfig":
+        """This config with the defaults that depend on the model filled in (seq_len), checked
+        for running: a run needs to know when to stop."""
+        if self.max_steps is None and self.time_limit is None:
+            raise AndreaError("give max_steps or time_limit (or both) so the run knows when to stop.")
+        seq_len = self.seq_len if self.seq_len is not None else min(256, block_size)
+        if seq_len > block_size:
+            raise AndreaError(f"seq_len {seq_len} is longer than the model's context {block_size}.")
+        return replace(self, seq_len=seq_len)
 
     def source_names(self) -> list[str]:
         return [s["name"] for s in self.sources]
@@ -138,18 +257,6 @@ class TrainConfig:
             raise AndreaError("a curriculum needs sources; list them in the config's sources.")
         return Curriculum(names, mode=self.sampling, **self.curriculum_kwargs())
 
-    def to_options(self, block_size: int, **extra):
-        """The loop's settings (`andrea.train.TrainOptions`) for this config and a model context."""
-        from andrea.train import TrainOptions
-
-        seq_len = self.seq_len if self.seq_len is not None else min(256, block_size)
-        return TrainOptions(recipe=self.recipe, batch_size=self.batch_size,
-                            micro_batch=self.micro_batch or self.batch_size, seq_len=seq_len, lr=self.lr,
-                            warmup_steps=self.warmup_steps, max_steps=self.max_steps, time_limit=self.time_limit,
-                            eval_every=self.eval_every, checkpoint_every=self.checkpoint_every, seed=self.seed,
-                            sampling=self.sampling, curriculum=self.curriculum_kwargs(), audit=dict(self.audit),
-                            sources=self.source_names() or None, **extra)
-
     # ---------------------------------------------------------------- files
 
     def to_dict(self) -> dict:
@@ -160,76 +267,106 @@ class TrainConfig:
         return cls(**check_fields(data, cls, "training config"))
 
     def save(self, path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        atomic_write_bytes(path, (json.dumps(self.to_dict(), indent=2) + "\n").encode())
 
     @classmethod
     def load(cls, path) -> "TrainConfig":
         return cls.from_dict(read_json(path, "training config"))
 
 
+# ---------------------------------------------------------------- the command line
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-").lower()
+
+
+def _add_flag(parser, flag: str, dest: str, spec: Setting) -> None:
+    kind = spec.kind or getattr(spec.check, "kind", None) or str
+    help = spec.help
+    if spec.default not in (None, [], {}) and kind is not bool:
+        shown = " ".join(map(str, spec.default)) if isinstance(spec.default, list) else f"{spec.default:g}" \
+            if isinstance(spec.default, float) else spec.default
+        help += f" (default {shown})"
+    if kind is bool:
+        parser.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=None,
+                            help=help + f" (default {'on' if spec.default else 'off'})")
+        return
+    choices = getattr(spec.check, "choices", None)
+    metavar = spec.metavar or (None if choices else {int: "N", float: "X"}.get(kind, "VALUE"))
+    parser.add_argument(flag, dest=dest, type=kind, nargs=spec.nargs, default=None, choices=choices,
+                        metavar=metavar, help=help)
+
+
+def add_arguments(parser) -> None:
+    """One flag per setting of TrainConfig and per key of its sections."""
+    for f in fields(TrainConfig):
+        if f.name in SECTIONS:
+            for key, spec in SECTIONS[f.name].items():
+                flag = _flag(f.name) if key == "enabled" else _flag(f"{f.name}_{key}")
+                _add_flag(parser, flag, f"{f.name}_{key}", spec)
+        else:
+            _add_flag(parser, _flag(f.name), f.name, f.metadata["setting"])
+
+
+def setting_flags(args) -> dict:
+    """The settings given on the command line, as keyword arguments of `apply_overrides`."""
+    out = {}
+    for f in fields(TrainConfig):
+        keys = [f"{f.name}_{k}" for k in SECTIONS[f.name]] if f.name in SECTIONS else [f.name]
+        out.update({k: getattr(args, k) for k in keys if getattr(args, k, None) is not None})
+    if "sources" in out:
+        out["sources"] = [_source_flag(s) for s in out["sources"]]
+    return out
+
+
+def _source_flag(item: str):
+    if not item.lstrip().startswith("{"):
+        return item
+    try:
+        return json.loads(item)
+    except json.JSONDecodeError as e:
+        raise AndreaError(f"--sources item {item!r} is not a source name or a JSON object ({e.msg}).") from None
+
+
 def apply_overrides(cfg: TrainConfig, **flags) -> TrainConfig:
     """A new config with the flags that are not None replacing fields. A flag is a field name, or
     `audit_<key>` / `curriculum_<key>` for a key of those sections (audit_threshold=20,
     curriculum_warmup_steps=100). Unknown flags are an error: pass only the config's flags."""
-    top, audit, curriculum, unknown = {}, dict(cfg.audit), dict(cfg.curriculum), []
+    top, sections, unknown = {}, {name: dict(getattr(cfg, name)) for name in SECTIONS}, []
     names = {f.name for f in fields(TrainConfig)}
     for flag, value in flags.items():
         if value is None:
             continue
+        section = next((s for s in SECTIONS if flag.startswith(s + "_") and flag[len(s) + 1:] in SECTIONS[s]), None)
         if flag in names:
             top[flag] = value
-        elif flag.startswith("audit_") and flag[6:] in audit:
-            audit[flag[6:]] = value
-        elif flag.startswith("curriculum_") and flag[11:] in curriculum:
-            curriculum[flag[11:]] = value
+        elif section is not None:
+            sections[section][flag[len(section) + 1:]] = value
         else:
             unknown.append(flag)
     if unknown:
         raise AndreaError(f"unknown training setting(s): {', '.join(sorted(unknown))}.")
-    return replace(cfg, **{"audit": {**audit, **top.pop("audit", {})},
-                           "curriculum": {**curriculum, **top.pop("curriculum", {})}, **top})
+    for name in SECTIONS:
+        sections[name].update(top.pop(name, {}))
+    return replace(cfg, **sections, **top)
 
 
-# ---------------------------------------------------------------- checks
+# ---------------------------------------------------------------- sections and sources
 
 
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _int(value, name: str, low: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise AndreaError(f"{name} must be an integer >= {low}, got {value!r}.")
-
-
-def _positive_int(value, name: str) -> None:
-    _int(value, name, low=1)
-
-
-def _optional(cfg, name: str, kind: type) -> None:
-    value = getattr(cfg, name)
-    if value is not None and not isinstance(value, kind):
-        raise AndreaError(f"{name} must be a {kind.__name__}, got {value!r}.")
-
-
-def _choice(value, allowed: tuple, name: str) -> None:
-    if value not in allowed:
-        raise AndreaError(f"{name} must be one of {', '.join(allowed)}, got {value!r}.")
-
-
-def _list_of(value, name: str) -> list:
-    if not isinstance(value, (list, tuple)):
-        raise AndreaError(f"{name} must be a list, got {value!r}.")
-    return list(value)
-
-
-def _section(value, defaults: dict, name: str) -> dict:
+def _section(value, specs: dict, name: str) -> dict:
     if not isinstance(value, dict):
         raise AndreaError(f"{name} must be an object, got {value!r}.")
-    unknown = sorted(set(value) - set(defaults))
+    unknown = sorted(set(value) - set(specs))
     if unknown:
-        raise AndreaError(f"unknown {name} setting(s): {', '.join(unknown)}; known: {', '.join(defaults)}.")
-    return {**defaults, **value}
+        raise AndreaError(f"unknown {name} setting(s): {', '.join(unknown)}; known: {', '.join(specs)}.")
+    out = {**_section_defaults(specs), **value}
+    for key, spec in specs.items():
+        if isinstance(out[key], tuple):
+            out[key] = list(out[key])
+        spec.check(out[key], f"{name}.{key}")
+    return out
 
 
 def _source_entry(entry) -> dict:
@@ -249,7 +386,6 @@ def _source_entry(entry) -> dict:
     out = {"name": name, "path": path}
     for key, default in (("floor", 0.0), ("cap", 1.0)):
         value = entry.get(key, default)
-        if not _is_number(value) or not 0 <= value <= 1:
-            raise AndreaError(f"source {name}: {key} must be a number in 0..1, got {value!r}.")
+        fraction(value, f"source {name}: {key}")
         out[key] = float(value)
     return out

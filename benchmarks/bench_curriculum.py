@@ -40,7 +40,8 @@ def main(argv=None) -> int:
     from andrea.config import PRESETS, count_params
     from andrea.errors import AndreaError
     from andrea.pipeline import MainJob
-    from andrea.train import TrainOptions, train
+    from andrea.train import train
+    from andrea.trainconfig import TrainConfig
 
     job = MainJob()
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -82,11 +83,11 @@ def main(argv=None) -> int:
     try:
         for sampling in SAMPLINGS:
             run = root / sampling
-            opts = TrainOptions(recipe="v2", batch_size=args.batch, micro_batch=args.batch, seq_len=seq, lr=args.lr,
-                                warmup_steps=warmup, max_steps=None if args.minutes else args.steps,
-                                time_limit=args.minutes * 60 if args.minutes else None, eval_every=10**9,
-                                checkpoint_every=10**9, eval_windows=args.eval_windows, seed=args.seed,
-                                sampling=sampling, audit={"enabled": False})
+            opts = TrainConfig(recipe="v2", batch_size=args.batch, seq_len=seq, lr=args.lr,
+                               warmup_steps=warmup, max_steps=None if args.minutes else args.steps,
+                               time_limit=args.minutes * 60 if args.minutes else None, eval_every=10**9,
+                               checkpoint_every=10**9, eval_windows=args.eval_windows, seed=args.seed,
+                               sampling=sampling, audit={"enabled": False})
             say(f"training {args.preset} with {sampling} sampling into {run}")
             results[sampling] = train(cfg, opts, data_dir, run, log=say, progress=sys.stderr.isatty())
             counts[sampling] = steps_per_source(run)

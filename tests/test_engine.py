@@ -132,10 +132,16 @@ def test_engine_module_command_and_its_errors(tmp_path):
     ok = subprocess.run([sys.executable, "-m", "andrea.engine", str(tmp_path / "m.json"), "--prompt", "the",
                          "--max-new-tokens", "5", "--seed", "1", "--top-k", "3"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0 and ok.stdout.endswith("\n"), ok.stderr
-    (tmp_path / "bad.json").write_text('{"format": "andrea-json", "config": {"vocab_size": 300}}')
-    for path, words in ((tmp_path / "bad.json", "must be a positive integer"), (tmp_path / "missing.json", "cannot read")):
-        with pytest.raises(engine.EngineError, match=words):
-            engine.Model.load(path)
+
+
+@pytest.mark.parametrize("content, words", [('{"format": "andrea-json", "config": {"vocab_size": 300}}', "must be a positive integer"),
+                                            (None, "cannot read")], ids=["bad-config", "missing"])
+def test_engine_load_errors(tmp_path, content, words):
+    path = tmp_path / "m.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(engine.EngineError, match=words):
+        engine.Model.load(path)
 
 
 def test_engine_main_reports_one_sentence(tmp_path, capsys):

@@ -24,8 +24,9 @@ from andrea.formats.bin import read_bin
 from andrea.formats.hf import read_hf, tokenizers_json
 from andrea.formats.portable import read_json
 from andrea.model import ANDREA
+from andrea.optim import make_optimizer
 from andrea.tokenizer import HarrisTokenizer
-from andrea.train import TrainOptions, make_optimizer
+from andrea.trainconfig import TrainConfig
 
 SEGMENTS = [" the", "the", " cat", " sat", " on", " mat", "ing", " and", "er", " dog", "é", " été", "q"]
 # the .bin order of the specification, written out here rather than taken from the model
@@ -56,7 +57,7 @@ def trained_checkpoint(path: Path, recipe: str = "v2", steps: int = 3, **changes
     torch.manual_seed(0)
     cfg = tiny_config(**changes)
     model = ANDREA(cfg)
-    opt = make_optimizer(model, TrainOptions(recipe=recipe), torch.device("cpu"))
+    opt = make_optimizer(model, recipe)
     x = torch.randint(0, cfg.vocab_size, (2, 17))
     for _ in range(steps):
         _, loss = model(x[:, :-1], x[:, 1:])
@@ -168,13 +169,13 @@ def test_converted_bin_resumes_training(tmp_path, capsys):
     cfg.save(tmp_path / "cfg.json")
     opts = dict(recipe="v1", batch_size=4, micro_batch=4, seq_len=32, eval_every=100, checkpoint_every=100,
                 eval_windows=1, seed=7)
-    train(cfg, TrainOptions(**opts, max_steps=3), tmp_path / "data", tmp_path / "a", log=lambda *a: None, progress=False)
+    train(cfg, TrainConfig(**opts, max_steps=3), tmp_path / "data", tmp_path / "a", log=lambda *a: None, progress=False)
     assert run(capsys, "convert", tmp_path / "a" / "latest.safetensors", tmp_path / "rel", "--to", "bin")[0] == 0
     code, out, err = run(capsys, "convert", tmp_path / "rel", tmp_path / "b" / "latest.safetensors")
     assert code == 0 and "andrea train --resume" in out, err
     before = load_checkpoint(tmp_path / "b" / "latest.safetensors")
     assert_same_weights(load_checkpoint(tmp_path / "a" / "latest.safetensors").model_state, before.model_state)
-    result = train(cfg, TrainOptions(**opts, max_steps=5), tmp_path / "data", tmp_path / "b", resume=True,
+    result = train(cfg, TrainConfig(**opts, max_steps=5), tmp_path / "data", tmp_path / "b", resume=True,
                    log=lambda *a: None, progress=False)
     assert result.step == 5
     rows = [json.loads(line) for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]

@@ -386,10 +386,14 @@ def test_cli_chat_from_a_pipe(ckpt, capsys, monkeypatch):
     assert lines[-1] == "" and len(lines) == 3 and all(line.startswith("< ") for line in lines[:2])
     chat = andrea.load(ckpt).chat(max_new_tokens=12, seed=0)
     assert lines[:2] == ["< " + "".join(chat.reply("hello there")), "< " + "".join(chat.reply("how are you"))]
-    for stdin, n in (("one\n/quit\ntwo\n", 1), ("one\ntwo", 2), ("", 0)):
-        monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
-        code, out, _ = run(capsys, "chat", "--checkpoint", ckpt, "--max-new-tokens", "5", "--seed", "0")
-        assert code == 0 and out.count("\n") == n and out.count("< ") >= n
+
+
+@pytest.mark.parametrize("stdin, replies", [("one\n/quit\ntwo\n", 1), ("one\ntwo", 2), ("", 0)],
+                         ids=["quit", "no-final-newline", "empty"])
+def test_cli_chat_stops_where_the_input_says(ckpt, capsys, monkeypatch, stdin, replies):
+    monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+    code, out, _ = run(capsys, "chat", "--checkpoint", ckpt, "--max-new-tokens", "5", "--seed", "0")
+    assert code == 0 and out.count("\n") == replies and out.count("< ") >= replies
 
 
 def bad_checkpoints(tmp, harris):

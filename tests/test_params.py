@@ -83,11 +83,12 @@ def test_count_params_matches_the_closed_form(name):
     assert count_params(cfg) == L * (12 * d * d + 4 * d) + 2 * V * d + T * d + 2 * d
 
 
-def test_rows_sum_to_the_total():
-    for cfg in [*PRESETS.values(), TINY.replace(pos="rope", norm="rmsnorm")]:
-        rows = rows_by_group(cfg)
-        parts = rows["embedding"] + rows["attention"] + rows["mlp"] + rows["norms"] + rows["head"]
-        assert parts == rows["total"]
+@pytest.mark.parametrize("cfg", [*PRESETS.values(), TINY.replace(pos="rope", norm="rmsnorm")],
+                         ids=[*PRESETS, "tiny-rope-rmsnorm"])
+def test_rows_sum_to_the_total(cfg):
+    rows = rows_by_group(cfg)
+    parts = rows["embedding"] + rows["attention"] + rows["mlp"] + rows["norms"] + rows["head"]
+    assert parts == rows["total"]
 
 
 # ---------------------------------------------------------------- the arithmetic against built models
@@ -119,10 +120,9 @@ def test_every_position_scheme_and_norm(pos, norm):
     assert ("ln_f.bias" in names) == (norm == "layernorm")
 
 
-def test_only_learned_positions_cost_parameters():
-    learned = count_params(TINY)
-    for pos in ("sinusoidal", "rope", "none"):
-        assert learned - count_params(TINY.replace(pos=pos)) == TINY.block_size * TINY.n_embd
+@pytest.mark.parametrize("pos", ["sinusoidal", "rope", "none"])
+def test_only_learned_positions_cost_parameters(pos):
+    assert count_params(TINY) - count_params(TINY.replace(pos=pos)) == TINY.block_size * TINY.n_embd
 
 
 def test_parameter_order_follows_the_bin_layout():

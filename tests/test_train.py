@@ -22,7 +22,8 @@ from andrea.config import ModelConfig
 from andrea.data import HEADER, TokenData, open_shard, prepare
 from andrea.errors import AndreaError
 from andrea.tokenizer import HarrisTokenizer
-from andrea.train import TrainOptions, train
+from andrea.train import train
+from andrea.trainconfig import TrainConfig
 
 WORDS = ("the cat sat on a mat and the dog ran to its pet owner while kings and queens "
          "talked of unbelievable things rethinking old ideas quickly").split()
@@ -58,11 +59,11 @@ def tiny_config(data_dir: Path, **changes) -> ModelConfig:
     return ModelConfig(**{**dict(vocab_size=V, n_embd=32, n_head=2, n_layer=2, block_size=32), **changes})
 
 
-def opts(**changes) -> TrainOptions:
+def opts(**changes) -> TrainConfig:
     base = dict(batch_size=4, micro_batch=2, seq_len=32, max_steps=8, eval_every=4, checkpoint_every=4,
                 warmup_steps=2, eval_windows=2, seed=7)
     base.update(changes)
-    return TrainOptions(**base)
+    return TrainConfig(**base)
 
 
 def step_losses(run: Path) -> dict[int, float]:
@@ -115,8 +116,26 @@ def test_loss_goes_down_and_checkpoints_appear(data_dir, tmp_path):
     for name in ("latest.safetensors", "best.safetensors", "metrics.jsonl", "loss.png", "train.json"):
         assert (tmp_path / "r" / name).exists(), name
     assert (tmp_path / "r" / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_best_checkpoint_holds_the_weights_of_the_lowest_smoothed_loss(data_dir, tmp_path):
+    """best.safetensors is the checkpoint, among those written, whose smoothed loss was lowest: its
+    step is that one, and its weights are exactly those of a run stopped at that step (recipe v1:
+    a constant learning rate, so a shorter run takes the same steps)."""
+    cfg = tiny_config(data_dir)
+    o = dict(recipe="v1", max_steps=12, lr=3e-2, eval_every=100, checkpoint_every=1, smma_window=2)
+    train(cfg, opts(**o), data_dir, tmp_path / "r", log=quiet, progress=False)
+    rows = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    smma = {r["step"]: r["smma"] for r in rows if "smma" in r}
+    best_step = min(smma, key=smma.get)
+    assert best_step < 12, "this lr must make the loss rise again, or the test proves nothing"
     best = load_checkpoint(tmp_path / "r" / "best.safetensors")
-    assert best.meta["best_smma"] == min(best.meta["best_smma"], load_checkpoint(tmp_path / "r" / "latest.safetensors").meta["smma"]["value"])
+    assert best.step == best_step and best.meta["best_smma"] == smma[best_step]
+    train(cfg, opts(**{**o, "max_steps": best_step}), data_dir, tmp_path / "s", log=quiet, progress=False)
+    again = load_checkpoint(tmp_path / "s" / "latest.safetensors").model_state
+    assert all(torch.equal(best.model_state[k], again[k]) for k in again)
+    latest = load_checkpoint(tmp_path / "r" / "latest.safetensors").model_state
+    assert not all(torch.equal(best.model_state[k], latest[k]) for k in latest)
 
 
 def test_bits_per_byte_is_loss_over_bytes(data_dir, tmp_path):
@@ -325,6 +344,7 @@ def torchrun_available() -> bool:
     return shutil.which("torchrun") is not None or Path(sys.executable).with_name("torchrun").exists()
 
 
+@pytest.mark.skipif(not torchrun_available(), reason="torchrun is not installed beside this Python")
 @pytest.mark.parametrize("mode", ["ddp", "fsdp"])
 def test_two_processes_match_one(data_dir, tmp_path, mode):
     """Two processes (gloo) with the same global batch give the same loss curve as one process."""

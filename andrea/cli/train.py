@@ -15,54 +15,34 @@ def cmd_prepare(args) -> int:
 
 
 def add_train_arguments(p) -> None:
-    """The flags of `andrea train`; each overrides the same field of --config when given."""
+    """The flags of `andrea train`: --config, --resume, --no-progress, and one flag per training
+    setting (andrea.trainconfig), each overriding the same field of --config when given."""
+    from andrea.trainconfig import add_arguments
+
     p.add_argument("--config", help="a training config JSON (sources with floors and caps, curriculum, audit, "
                    "recipe, sizes); the flags below override its fields")
-    p.add_argument("--data", help="a folder made by `andrea prepare`")
-    p.add_argument("--out", help="the run folder (checkpoints, metrics.jsonl, loss.png)")
-    p.add_argument("--preset", help="model preset (default andrea-cpu)")
-    p.add_argument("--model-config", help="a model config JSON instead of a preset")
-    p.add_argument("--recipe", choices=["v1", "v2"], help="v1: Adam 3e-4 and nothing else; v2 (default): AdamW, "
-                   "weight decay on matrices, clipping, warmup into cosine")
-    p.add_argument("--max-steps", type=int, help="stop after this many optimizer steps")
-    p.add_argument("--time-limit", type=float, help="stop after this many seconds of training")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
-    p.add_argument("--batch-size", type=int, help="sequences per optimizer step, over all processes (default 16)")
-    p.add_argument("--micro-batch", type=int, help="sequences per forward pass per process (gradients accumulate)")
-    p.add_argument("--seq-len", type=int, help="tokens per training sequence, at most the model's context (default 256)")
-    p.add_argument("--lr", type=float, help="peak learning rate (v1 default 3e-4, v2 default 1e-3)")
-    p.add_argument("--warmup-steps", type=int, help="v2 linear learning-rate warmup steps (default 2000)")
-    p.add_argument("--eval-every", type=int, help="steps between validation passes (default 100)")
-    p.add_argument("--checkpoint-every", type=int, help="steps between checkpoints (default 100)")
-    p.add_argument("--seed", type=int, help="seed of weights, data order and curriculum (default 1337)")
-    p.add_argument("--sampling", choices=["ucb", "uniform", "proportional"],
-                   help="how each step's source is chosen: the UCB1 curriculum (default), uniform, or by token count")
-    p.add_argument("--no-audit", dest="audit_enabled", action="store_false", default=None,
-                   help="no sample audit (default: every 100 steps, halt after 5 scores below 30)")
-    p.add_argument("--compile", action="store_true", default=None, help="torch.compile the model (GPU)")
-    p.add_argument("--fsdp", action="store_true", default=None, help="shard with FSDP under torchrun instead of DDP")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (log lines only)")
+    add_arguments(p.add_argument_group("training settings (the same names, with _ for -, in the JSON config)"))
 
 
 def cmd_train(args) -> int:
     from andrea.config import resolve_config
     from andrea.errors import AndreaError
     from andrea.train import train
-    from andrea.trainconfig import TrainConfig, apply_overrides
+    from andrea.trainconfig import TrainConfig, apply_overrides, setting_flags
 
     cfg = TrainConfig.load(args.config) if args.config else TrainConfig()
-    flags = {name: getattr(args, name) for name in ("data", "out", "preset", "model_config", "recipe", "max_steps",
-                                                    "time_limit", "batch_size", "micro_batch", "seq_len", "lr",
-                                                    "warmup_steps", "eval_every", "checkpoint_every", "seed",
-                                                    "sampling", "audit_enabled")}
-    if flags["preset"] or flags["model_config"]:  # a model chosen on the command line replaces the file's
+    flags = setting_flags(args)
+    if flags.get("preset") or flags.get("model_config"):  # a model chosen on the command line replaces the file's
         cfg.preset = cfg.model_config = None
     cfg = apply_overrides(cfg, **flags)
     if not cfg.data or not cfg.out:
         raise AndreaError("andrea train needs --data (a prepared folder) and --out (a run folder), on the command line or in --config.")
     model_cfg = resolve_config(cfg.preset or ("andrea-cpu" if not cfg.model_config else None), cfg.model_config)
-    opts = cfg.to_options(model_cfg.block_size, compile=bool(args.compile), fsdp=bool(args.fsdp))
-    result = train(model_cfg, opts, cfg.data, cfg.out, resume=args.resume, progress=not args.no_progress)
+    if cfg.max_steps is None and cfg.time_limit is None:
+        raise AndreaError("give --max-steps or --time-limit (or both) so the run knows when to stop.")
+    result = train(model_cfg, cfg, resume=args.resume, progress=not args.no_progress)
     if result.eval and result.checkpoint:
         print(f"validation: {result.eval['all']['bpb']:.4f} bits per byte (loss {result.eval['all']['loss']:.4f}) "
               f"at step {result.step:,}; checkpoint {result.checkpoint}")

@@ -16,7 +16,6 @@ nothing here unpickles.
 
 from __future__ import annotations
 
-import json
 import struct
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import torch
 from andrea.checkpoint import Checkpoint
 from andrea.config import ModelConfig
 from andrea.errors import AndreaError
+from andrea.files import read_json
 
 FORMATS = ("native", "bin", "json", "hf")
 RELEASE_CONFIG = "config.json"  # the config file of a release folder this package writes
@@ -36,11 +36,7 @@ SEGMENTS_FILE = "harris_segments.json"
 
 def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every parameter's name and shape, in the model's (and the .bin's) order."""
-    from andrea.model import ANDREA
-
-    with torch.device("meta"):
-        model = ANDREA(cfg)
-    return {name: tuple(p.shape) for name, p in model.named_parameters()}
+    return {name: tuple(p.shape) for name, p in _meta_model(cfg).named_parameters()}
 
 
 def check_weights(cfg: ModelConfig, state: dict, where: str) -> dict[str, torch.Tensor]:
@@ -76,18 +72,26 @@ def is_norm(name: str) -> bool:
 # ---------------------------------------------------------------- optimizer moments by name
 
 
-def _optimizer_order(names: list[str], shapes: dict, groups: list) -> list[str]:
-    """Parameter names in the optimizer's index order: one group (Adam, recipe v1) keeps the
-    model's order; two groups (AdamW, recipe v2) hold the matrices first, then the vectors."""
+def _meta_model(cfg: ModelConfig):
+    from andrea.model import ANDREA
+
+    with torch.device("meta"):  # shapes and names only, no memory
+        return ANDREA(cfg)
+
+
+def _optimizer_order(cfg: ModelConfig, groups: list) -> list[str]:
+    """Parameter names in the index order of an optimizer state with these groups: the order of
+    the recipe (`andrea.optim`) whose group sizes they match."""
+    from andrea.optim import RECIPES, param_groups
+
     sizes = [len(g.get("params", [])) for g in groups]
-    matrices = [n for n in names if len(shapes[n]) >= 2]
-    vectors = [n for n in names if len(shapes[n]) < 2]
-    if sizes == [len(names)]:
-        return names
-    if sizes == [len(matrices), len(vectors)]:
-        return matrices + vectors
-    raise AndreaError(f"the optimizer state has parameter groups of sizes {sizes}, which match neither "
-                      f"recipe v1 ({len(names)}) nor v2 ({len(matrices)} matrices, {len(vectors)} vectors).")
+    model = _meta_model(cfg)
+    for recipe in RECIPES:
+        ours = param_groups(model, recipe)
+        if sizes == [len(g["names"]) for g in ours]:
+            return [n for g in ours for n in g["names"]]
+    described = "; ".join(f"recipe {r} {[len(g['names']) for g in param_groups(model, r)]}" for r in RECIPES)
+    raise AndreaError(f"the optimizer state has parameter groups of sizes {sizes}, which match no recipe ({described}).")
 
 
 def adam_moments(cfg: ModelConfig, optim_state: dict | None) -> dict[str, tuple[torch.Tensor, torch.Tensor]] | None:
@@ -95,9 +99,8 @@ def adam_moments(cfg: ModelConfig, optim_state: dict | None) -> dict[str, tuple[
     if not optim_state or not optim_state.get("state"):
         return None
     shapes = param_shapes(cfg)
-    names = list(shapes)
     try:
-        order = _optimizer_order(names, shapes, optim_state["param_groups"])
+        order = _optimizer_order(cfg, optim_state["param_groups"])
         ids = [i for g in optim_state["param_groups"] for i in g["params"]]
     except (KeyError, TypeError):
         raise AndreaError("the optimizer state has no readable parameter groups.") from None
@@ -119,16 +122,11 @@ def adam_moments(cfg: ModelConfig, optim_state: dict | None) -> dict[str, tuple[
 
 def adam_state(cfg: ModelConfig, step: int, moments: dict, recipe: str) -> dict:
     """An optimizer state dict that the trainer's optimizer for `recipe` loads on resume."""
-    from andrea.model import ANDREA
-    from andrea.train import TrainOptions, make_optimizer
+    from andrea.optim import check_recipe, make_optimizer
 
-    if recipe not in ("v1", "v2"):
-        raise AndreaError(f"recipe must be v1 or v2, got {recipe!r}.")
-    with torch.device("meta"):
-        model = ANDREA(cfg)
-    groups = make_optimizer(model, TrainOptions(recipe=recipe), torch.device("cpu")).state_dict()["param_groups"]
-    shapes = param_shapes(cfg)
-    order = _optimizer_order(list(shapes), shapes, groups)
+    check_recipe(recipe)
+    groups = make_optimizer(_meta_model(cfg), recipe, device="meta").state_dict()["param_groups"]
+    order = _optimizer_order(cfg, groups)
     ids = [i for g in groups for i in g["params"]]
     state = {}
     for idx, name in zip(ids, order):
@@ -139,14 +137,9 @@ def adam_state(cfg: ModelConfig, step: int, moments: dict, recipe: str) -> dict:
 
 def resume_meta(step: int, recipe: str) -> dict:
     """What `andrea train --resume` reads besides weights and optimizer, for a file that lacks it:
-    a fresh smoothed loss, and the data order of the default seed from its start."""
-    import numpy as np
-
-    from andrea.train import SMMA, TrainOptions
-
-    defaults = TrainOptions(recipe=recipe)
-    return {"step": step, "smma": SMMA(defaults.smma_window).state_dict(),
-            "data_rng": np.random.default_rng(defaults.seed).bit_generator.state, "train": {"recipe": recipe}}
+    the step and the recipe. The rest of the run's state (the smoothed loss, the data order, the
+    curriculum) then starts afresh from the run's seed, as `andrea.train.RunState` documents."""
+    return {"step": step, "train": {"recipe": recipe}}
 
 
 # ---------------------------------------------------------------- tokenizers
@@ -164,7 +157,7 @@ def tokenizer_from_segments(segments, where: str) -> dict:
 def read_segments(path) -> dict:
     """The tokenizer dict of a harris_segments.json file."""
     path = Path(path)
-    return tokenizer_from_segments(read_json_file(path), str(path))
+    return tokenizer_from_segments(read_json(path, "segments file"), str(path))
 
 
 def checked_tokenizer(tok: dict | None, cfg: ModelConfig, where: str) -> dict | None:
@@ -177,21 +170,6 @@ def checked_tokenizer(tok: dict | None, cfg: ModelConfig, where: str) -> dict | 
     if t.vocab_size != cfg.vocab_size:
         raise AndreaError(f"{where} has {t.n_segments:,} segments (V = {t.vocab_size:,}) but the model has V = {cfg.vocab_size:,}.")
     return t.to_dict()
-
-
-def read_json_file(path: Path):
-    try:
-        return json.loads(Path(path).read_bytes())
-    except FileNotFoundError:
-        raise AndreaError(f"{path} does not exist.") from None
-    except IsADirectoryError:
-        raise AndreaError(f"{path} is a folder, not a JSON file.") from None
-    except UnicodeDecodeError:
-        raise AndreaError(f"{path} is not UTF-8 text, so not a JSON file.") from None
-    except json.JSONDecodeError as e:
-        raise AndreaError(f"{path} is not valid JSON ({e.msg} at line {e.lineno}).") from None
-    except RecursionError:
-        raise AndreaError(f"{path} nests its JSON too deeply to read.") from None
 
 
 # ---------------------------------------------------------------- which format a path holds

@@ -27,7 +27,6 @@ default seed from its start.
 from __future__ import annotations
 
 import math
-import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,9 +34,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from andrea.checkpoint import TMP_SUFFIX, Checkpoint, fsync_dir
+from andrea.checkpoint import Checkpoint
 from andrea.config import ModelConfig
 from andrea.errors import AndreaError
+from andrea.files import atomic_output
 from andrea.formats import (
     RELEASE_CONFIG,
     SEGMENTS_FILE,
@@ -290,16 +290,11 @@ def write_bin(path, ckpt: Checkpoint) -> list[str]:
     if moments is None:
         notes.append("the checkpoint holds no optimizer state, so Adam m and v are written as zeros.")
         moments = {name: (torch.zeros_like(t), torch.zeros_like(t)) for name, t in state.items()}
-    tmp = path.with_name(path.name + TMP_SUFFIX)
-    with open(tmp, "wb") as f:
+    with atomic_output(path) as tmp, open(tmp, "wb") as f:
         f.write(HEADER.pack(step, n))
         for block in (state, {k: m for k, (m, _) in moments.items()}, {k: v for k, (_, v) in moments.items()}):
             for name in state:  # one tensor at a time, in the model's order
                 f.write(block[name].detach().cpu().contiguous().numpy().astype(F32, copy=False).tobytes())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
     return notes
 
 

@@ -21,7 +21,6 @@ Nothing here imports transformers; reading a folder reads safetensors only (neve
 from __future__ import annotations
 
 import json
-import os
 import re
 from functools import lru_cache
 from pathlib import Path
@@ -30,15 +29,15 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from andrea.checkpoint import TMP_SUFFIX, Checkpoint, atomic_write_bytes, fsync_dir
-from andrea.config import ModelConfig
+from andrea.checkpoint import Checkpoint
+from andrea.config import BOS, ModelConfig
 from andrea.errors import AndreaError
-from andrea.formats import SEGMENTS_FILE, check_weights, checked_tokenizer, read_json_file, read_segments
+from andrea.files import atomic_output, atomic_write_bytes, read_json
+from andrea.formats import SEGMENTS_FILE, check_weights, checked_tokenizer, read_segments
 
 ACT_TO_HF = {"relu": "relu", "gelu": "gelu", "relu2": "relu2"}
 HF_TO_ACT = {v: k for k, v in ACT_TO_HF.items()}
 EPS = 1e-5
-BOS = 256
 
 
 # ---------------------------------------------------------------- export
@@ -92,10 +91,8 @@ def write_hf(path, ckpt: Checkpoint) -> list[str]:
     if path.exists() and not path.is_dir():
         raise AndreaError(f"{path} is a file; a Hugging Face model is a folder.")
     path.mkdir(parents=True, exist_ok=True)
-    tmp = path / ("model.safetensors" + TMP_SUFFIX)
-    save_file(hf_tensors(cfg, state), str(tmp), metadata={"format": "pt"})
-    os.replace(tmp, path / "model.safetensors")
-    fsync_dir(path)
+    with atomic_output(path / "model.safetensors") as tmp:
+        save_file(hf_tensors(cfg, state), str(tmp), metadata={"format": "pt"})
     atomic_write_bytes(path / "config.json", (json.dumps(hf_config(cfg), indent=2) + "\n").encode())
     notes = []
     if cfg.act == "relu2":
@@ -230,7 +227,7 @@ def read_hf(path) -> tuple[Checkpoint, list[str]]:
     path = Path(path)
     if not (path / "config.json").is_file():
         raise AndreaError(f"{path} has no config.json, so it is not a Hugging Face model folder.")
-    hf = read_json_file(path / "config.json")
+    hf = read_json(path / "config.json", "Hugging Face config")
     if not isinstance(hf, dict) or hf.get("model_type") != "gpt2":
         raise AndreaError(f"{path / 'config.json'} is not a GPT-2 config (model_type {hf.get('model_type') if isinstance(hf, dict) else None!r}).")
     cfg = _config_from_hf(hf, path)

@@ -18,15 +18,16 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 
 import torch
 
-from andrea.checkpoint import TMP_SUFFIX, Checkpoint, fsync_dir
+from andrea.checkpoint import Checkpoint
 from andrea.config import ModelConfig
 from andrea.errors import AndreaError
-from andrea.formats import check_weights, checked_tokenizer, is_table, param_shapes, read_json_file
+from andrea.files import atomic_output
+from andrea.files import read_json as read_json_file
+from andrea.formats import check_weights, checked_tokenizer, is_table, param_shapes
 
 FORMAT = "andrea-json"
 VERSION = 1
@@ -38,8 +39,7 @@ def write_json(path, ckpt: Checkpoint) -> list[str]:
     state = check_weights(ckpt.config, ckpt.model_state, "the model")
     head = {"format": FORMAT, "version": VERSION, "config": ckpt.config.to_dict(), "step": ckpt.step,
             "tokenizer": ckpt.tokenizer_dict}
-    tmp = path.with_name(path.name + TMP_SUFFIX)
-    with open(tmp, "w", encoding="utf-8") as f:
+    with atomic_output(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         # one tensor at a time, so a large model is never one giant string in memory
         f.write(json.dumps(head, ensure_ascii=True)[:-1] + ', "tensors": {')
         for i, (name, t) in enumerate(state.items()):
@@ -47,10 +47,6 @@ def write_json(path, ckpt: Checkpoint) -> list[str]:
             f.write(json.dumps(t.reshape(-1).tolist()))
             f.write("}")
         f.write("}}\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
     notes = [] if ckpt.optim_state is None else ["the JSON model holds no optimizer state (weights and tokenizer only)."]
     if ckpt.tokenizer_dict is None:
         notes.append("the model has no tokenizer, so the JSON model can only run on token ids.")
@@ -60,7 +56,7 @@ def write_json(path, ckpt: Checkpoint) -> list[str]:
 def read_json(path) -> tuple[Checkpoint, list[str]]:
     """A checkpoint (weights, config, tokenizer, step) from a portable JSON model."""
     path = Path(path)
-    doc = read_json_file(path)
+    doc = read_json_file(path, "JSON model")
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise AndreaError(f"{path} is JSON but not an ANDREA JSON model (no \"format\": \"{FORMAT}\").")
     if not isinstance(doc.get("version"), int) or doc["version"] > VERSION:
