@@ -32,12 +32,12 @@ import math
 from dataclasses import asdict, dataclass, field, fields, replace
 
 from andrea.config import PRESETS, check_fields
-from andrea.curriculum import DEFAULT_C, DEFAULT_REROLL, Curriculum
+from andrea.curriculum import DEFAULT_C, DEFAULT_REROLL, MODES, Curriculum
 from andrea.errors import AndreaError
 from andrea.files import atomic_write_bytes, read_json
 from andrea.optim import DEFAULT_LR, RECIPES
 
-SAMPLING = ("ucb", "uniform", "proportional")  # proportional: by token count, no curriculum
+SAMPLING = (*MODES, "proportional")  # the curriculum's modes, or by token count with no curriculum
 SOURCE_KEYS = ("name", "path", "floor", "cap")
 
 # ---------------------------------------------------------------- checks, one per kind of value

@@ -24,6 +24,8 @@ def cmd_main(args) -> int:
 
 
 def register(sub) -> None:
+    from andrea.trainconfig import SAMPLING
+
     p = sub.add_parser("main", help="the main job: fetch the corpus, fit the tokenizer, train a CPU model, sample",
                        description="Fetch the default corpus (cached), fit the Harris tokenizer on the training text "
                                    "with an equal share per source (cached), tokenize it into shards (cached), train a "
@@ -32,7 +34,7 @@ def register(sub) -> None:
     p.add_argument("--preset", default="andrea-cpu", help="model preset (default andrea-cpu)")
     p.add_argument("--minutes", type=float, default=15.0, help="minutes of training (default 15)")
     p.add_argument("--out", help="the run folder (default runs/main-<date>-<time>)")
-    p.add_argument("--sampling", default="ucb", choices=["ucb", "uniform", "proportional"],
+    p.add_argument("--sampling", default="ucb", choices=SAMPLING,
                    help="how each step's source is chosen (default: the UCB1 curriculum)")
     p.add_argument("--seed", type=int, default=1337, help="seed of everything random (default 1337)")
     p.set_defaults(func=cmd_main)
