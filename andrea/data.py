@@ -369,6 +369,8 @@ def _prepare_source(spec, state: dict, settings: dict, out: Path, pool: _Workers
                 take()
         while pending:
             take()
+        if not parts and (not current or not (current["stats"][0] or current["stats"][1])):
+            raise AndreaError(f"source {spec.name} ({spec.path}) holds no text.")
         if current or not parts:
             if not current:
                 open_part()
@@ -384,8 +386,6 @@ def _prepare_source(spec, state: dict, settings: dict, out: Path, pool: _Workers
         parts.pop()
     entry = {"path": str(spec.path), "files": len(spec.files), "train": _split_entry(parts, "train"),
              "val": _split_entry(parts, "val"), "val_from_train": False, "signature": st["signature"]}
-    if entry["train"]["documents"] + entry["val"]["documents"] == 0:
-        raise AndreaError(f"source {spec.name} ({spec.path}) holds no text.")
     if entry["val"]["tokens"] == 0 and entry["train"]["tokens"] > 0:
         _val_from_last_document(out, spec.name, parts, entry)
         say(f"note: {spec.name} has too few documents for one to fall in validation by hash; "

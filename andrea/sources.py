@@ -42,6 +42,7 @@ import hashlib
 import json
 import os
 import re
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -248,7 +249,7 @@ def _blocks(f: InputFile):
         while True:
             try:
                 block = stream.read(READ_BYTES)
-            except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError
+            except (OSError, EOFError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
                 raise AndreaError(f"{f.path} is not a readable {f.compression or 'text'} file ({e}).") from None
             except Exception as e:  # zstandard.ZstdError
                 if type(e).__module__.startswith("zstandard"):
@@ -352,25 +353,24 @@ def _jsonl_tasks(f: InputFile, field: str, val_share: float):
     for block, d in _blocks(f):
         buf += block
         disk += d
-        if len(buf) < CHUNK_BYTES:
-            continue
-        end = buf.rfind(b"\n") + 1
-        if end == 0:
-            continue  # one line longer than a chunk: read on to its end
-        yield (JSONL, str(f.path), line, buf[:end], field, f.split, val_share), disk
-        line += buf.count(b"\n", 0, end)
-        buf, disk = buf[end:], 0
+        while len(buf) >= CHUNK_BYTES:
+            end = buf.rfind(b"\n", 0, CHUNK_BYTES) + 1 or buf.find(b"\n", CHUNK_BYTES) + 1
+            if end == 0:
+                break  # one line longer than a chunk: read on to its end
+            yield (JSONL, str(f.path), line, buf[:end], field, f.split, val_share), disk
+            line += buf.count(b"\n", 0, end)
+            buf, disk = buf[end:], 0
     if buf or disk:
         yield (JSONL, str(f.path), line, buf, field, f.split, val_share), disk
 
 
 def _parquet_file(path: Path):
-    pq = _need("pyarrow", f"{path} (parquet)")
+    _need("pyarrow", f"{path} (parquet)")
     import pyarrow.parquet as pq
 
     try:
         return pq.ParquetFile(path)
-    except OSError as e:
+    except (FileNotFoundError, PermissionError, IsADirectoryError) as e:
         raise AndreaError(f"cannot read {path} ({e.strerror or e}).") from None
     except Exception as e:  # pyarrow.ArrowInvalid and the like
         raise AndreaError(f"{path} is not a readable parquet file ({e}).") from None
