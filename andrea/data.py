@@ -1,8 +1,10 @@
-"""Token shards and batch loading.
+"""Token shards, streamed preparation and batch loading.
 
-`andrea prepare` turns each source's documents into two shard files, `<source>.train.tok` and
-`<source>.val.tok`: a 32-byte header, then the tokens as little-endian uint16. Every document
-starts with BOS. The header is
+`andrea prepare` streams each source's documents (andrea.sources: .txt, .jsonl, .parquet, plain or
+compressed, folders of them), encodes them on every core and writes, per source, parts of about
+`shard_tokens` training tokens: `<source>.train.<part>.tok` and `<source>.val.<part>.tok` (part
+00000, 00001, ...). A shard is a 32-byte header, then the tokens as little-endian uint16; every
+document starts with BOS (a document can run on from one shard into the next). The header is
 
     bytes 0-7   magic  b"ANDREATK"
     bytes 8-11  format version (uint32, 1)
@@ -11,12 +13,20 @@ starts with BOS. The header is
     bytes 24-31 reserved (zero)
 
 and the file must be exactly 32 + 2·count bytes, so a truncated or foreign shard is caught when
-it is opened. `manifest.json` names the sources with their token and byte counts and the
-tokenizer's fingerprint; the tokenizer itself is saved beside it in `tokenizer/`.
+it is opened. A shard is written as `<file>.partial` and renamed when whole. `manifest.json`
+(version 2) lists per source and split the token, document and byte counts and every shard with
+its token count, largest id and the SHA-256 of its tokens (the file after its header); it also
+holds the settings, the tokenizer's fingerprint and each source's file signature (paths, sizes,
+modification times), and is written last, atomically, so it never names a partial shard. The
+tokenizer is saved beside it in `tokenizer/`. While a preparation runs, `prepare-progress.json`
+records the finished parts; run again with the same settings, preparation resumes after the last
+of them (and a finished folder prepared again reuses every source whose files have not changed).
+A version 1 manifest (one `file` per split) is still read.
 
-Batches are windows of `T + 1` tokens at random offsets, read straight from numpy memmaps.
-The offsets for a whole global batch come from one seeded generator, and each process takes its
-own slice, so one process and several see exactly the same data.
+Batches are windows of `T + 1` tokens at random offsets, read straight from numpy memmaps of
+every shard; a window never spans two shards. The offsets for a whole global batch come from one
+seeded generator, and each process takes its own slice, so one process and several see exactly
+the same data.
 """
 
 from __future__ import annotations
