@@ -211,8 +211,11 @@ def _own_files(out: Path, name: str) -> list[Path]:
 
 
 def _settings(tokenizer, text_field, val_share, shard_tokens) -> dict:
+    from andrea import sources
+
     return {"version": MANIFEST_VERSION, "tokenizer": tokenizer.fingerprint(), "text_field": text_field,
-            "val_share": val_share, "shard_tokens": shard_tokens}
+            "val_share": val_share, "shard_tokens": shard_tokens,
+            "reader": [sources.CHUNK_BYTES, sources.DOC_BYTES, sources.PIECE_BYTES]}
 
 
 def _load_state(out: Path, settings: dict) -> dict:
