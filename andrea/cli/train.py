@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+SHARD_TOKENS = 100_000_000  # andrea.data.SHARD_TOKENS (not imported here: --help stays fast)
+
 
 def cmd_prepare(args) -> int:
     from andrea.data import prepare
+    from andrea.errors import AndreaError
     from andrea.tokenizer import HarrisTokenizer
 
     tokenizer = HarrisTokenizer.load(args.tokenizer)
-    manifest = prepare(tokenizer, args.sources, args.out)
+    if args.workers is not None and args.workers < 1:
+        raise AndreaError(f"--workers must be at least 1, not {args.workers}.")
+    manifest = prepare(tokenizer, args.sources, args.out, text_field=args.text_field, val_share=args.val_share,
+                       shard_tokens=args.shard_tokens, workers=args.workers, progress=not args.no_progress)
     total = sum(e["train"]["tokens"] + e["val"]["tokens"] for e in manifest["sources"].values())
-    print(f"wrote {len(manifest['sources'])} source(s), {total:,} tokens, to {args.out}")
+    shards = sum(len(e[s]["shards"]) for e in manifest["sources"].values() for s in ("train", "val"))
+    print(f"wrote {len(manifest['sources'])} source(s), {total:,} tokens in {shards} shards, to {args.out}")
     return 0
 
 
@@ -51,12 +58,28 @@ def cmd_train(args) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("prepare", help="tokenize sources into token shards for training",
-                       description="Encode each source's train and val documents with a tokenizer into uint16 token "
-                                   "shards (every document starts with BOS) and write manifest.json.")
+                       description="Stream each source's documents, encode them with a tokenizer on every core and "
+                                   "write uint16 token shards (every document starts with BOS): train and val "
+                                   "shards of about --shard-tokens tokens each, then manifest.json with every "
+                                   "shard's token count and SHA-256. A validation document is chosen by a stable "
+                                   "hash of its text, so adding files never reshuffles the split. A stopped "
+                                   "preparation resumes after its last whole shard when run again with the same "
+                                   "arguments.")
     p.add_argument("--tokenizer", required=True, help="a tokenizer folder (from `andrea tokenizer train`)")
     p.add_argument("--out", required=True, help="the data folder to write")
-    p.add_argument("sources", nargs="+", metavar="SOURCE", help="a fetched source name (sotu, shakespeare, kjv, "
-                   "moby-dick), a source folder, or a UTF-8 text file")
+    p.add_argument("sources", nargs="+", metavar="SOURCE",
+                   help="a fetched source name (sotu, shakespeare, kjv, moby-dick), a .txt, .jsonl or .parquet file "
+                        "(.txt and .jsonl also .gz or .zst compressed), or a folder of them (read recursively, in "
+                        "sorted order); NAME=PATH names the source (default: the file or folder name)")
+    p.add_argument("--text-field", default="text", metavar="NAME",
+                   help="the JSONL field or parquet column that holds the text (default text)")
+    p.add_argument("--val-share", type=float, default=None, metavar="P",
+                   help="the share of documents held out for validation (default 0.05; a fetched source keeps "
+                        "its own split)")
+    p.add_argument("--shard-tokens", type=int, default=SHARD_TOKENS, metavar="N",
+                   help=f"training tokens per shard (default {SHARD_TOKENS:,}, files of 200 MB)")
+    p.add_argument("--workers", type=int, default=None, metavar="K", help="encoding processes (default: every core)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_prepare)
 
     t = sub.add_parser("train", help="train a model on prepared data (one process, or torchrun for several)",

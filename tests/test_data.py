@@ -1,0 +1,313 @@
+"""Streamed preparation: every input format, token counts against encoding the same text
+directly, the fixed validation split, several shards and the windows read from them, resume
+after a kill, and bad input. Every input is built here, in a temporary folder."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import random
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import zstandard
+
+import andrea.sources as sources
+from andrea.cli import main
+from andrea.corpus import load_training_texts, sample_source
+from andrea.data import PROGRESS_FILE, TokenData, open_shard, prepare
+from andrea.errors import AndreaError
+from andrea.sources import is_validation
+from andrea.tokenizer import BOS, HarrisTokenizer
+
+WORDS = ("the king of old spoke to his people and they went up to the city while the sea rose over "
+         "land where ships sailed far away in storms of night and day café naïve").split()
+
+
+def doc(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n)).capitalize() + "."
+
+
+@pytest.fixture(scope="module")
+def tok():
+    rng = random.Random(0)
+    return HarrisTokenizer.train([doc(rng, 400) for _ in range(30)], 30)
+
+
+def big_paragraphs(seed: int, n: int) -> list[str]:
+    """Paragraphs of more than 20,000 bytes: each is one plain-text document."""
+    rng = random.Random(seed)
+    return [doc(rng, 4500) for _ in range(n)]
+
+
+def small_docs(seed: int, n: int) -> list[str]:
+    rng = random.Random(seed)
+    return [doc(rng, rng.randint(5, 300)) for _ in range(n)]
+
+
+def write_formats(root: Path) -> dict[str, list[str]]:
+    """One file of every format; returns each file's documents in order."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "sub").mkdir(exist_ok=True)
+    docs = {}
+    docs["a.txt"] = big_paragraphs(1, 4)
+    (root / "a.txt").write_text("\n\n".join(docs["a.txt"]) + "\n")
+    docs["b.txt.gz"] = big_paragraphs(2, 3)
+    (root / "b.txt.gz").write_bytes(gzip.compress(("\n \n".join(docs["b.txt.gz"])).encode()))
+    lines = lambda ds: "".join(json.dumps({"id": i, "text": d}) + "\n" for i, d in enumerate(ds)).encode()  # noqa: E731
+    docs["c.jsonl"] = small_docs(3, 40)
+    (root / "c.jsonl").write_bytes(lines(docs["c.jsonl"]))
+    docs["sub/d.jsonl.gz"] = small_docs(4, 30)
+    (root / "sub" / "d.jsonl.gz").write_bytes(gzip.compress(lines(docs["sub/d.jsonl.gz"])))
+    docs["sub/e.jsonl.zst"] = small_docs(5, 30)
+    (root / "sub" / "e.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(lines(docs["sub/e.jsonl.zst"])))
+    docs["f.parquet"] = small_docs(6, 50)
+    pq.write_table(pa.table({"n": list(range(50)), "text": docs["f.parquet"]}), root / "f.parquet", row_group_size=16)
+    (root / "notes.md").write_text("not a source file")  # other files in a folder are left out
+    return docs
+
+
+def expected_tokens(tok, docs: list[str], val: bool, share: float = 0.05) -> list[int]:
+    out = []
+    for d in docs:
+        if is_validation(d.encode(), share) == val:
+            out += tok.encode(d, bos=True)
+    return out
+
+
+def split_tokens(data: Path, name: str, split: str) -> np.ndarray:
+    return np.asarray(getattr(TokenData(data).sources[name], split)[:])
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_every_format_encodes_to_the_tokens_of_its_documents(tmp_path, tok, workers, monkeypatch):
+    monkeypatch.setattr(sources, "CHUNK_BYTES", 8000)  # several tasks per file, so workers share them
+    docs = write_formats(tmp_path / "corpus")
+    order = sorted(docs)  # a folder is read in sorted path order
+    assert order == ["a.txt", "b.txt.gz", "c.jsonl", "f.parquet", "sub/d.jsonl.gz", "sub/e.jsonl.zst"]
+    all_docs = [d for f in order for d in docs[f]]
+    manifest = prepare(tok, [str(tmp_path / "corpus")], tmp_path / "data", log=lambda *a: None, progress=False,
+                       workers=workers)
+    entry = manifest["sources"]["corpus"]
+    for split, val in (("train", False), ("val", True)):
+        got = split_tokens(tmp_path / "data", "corpus", split)
+        assert got.tolist() == expected_tokens(tok, all_docs, val)
+        assert entry[split]["documents"] == sum(is_validation(d.encode(), 0.05) == val for d in all_docs)
+        assert entry[split]["bytes"] == sum(len(d.encode()) for d in all_docs if is_validation(d.encode(), 0.05) == val)
+    assert 0 < entry["val"]["documents"] < entry["train"]["documents"]
+    assert entry["files"] == 6
+    # each file on its own is a source named after it
+    for f in ("b.txt.gz", "sub/e.jsonl.zst", "f.parquet"):
+        m = prepare(tok, [str(tmp_path / "corpus" / f)], tmp_path / f"one-{Path(f).name}", log=lambda *a: None,
+                    progress=False, workers=workers, val_share=0.0)
+        (name,) = m["sources"]
+        assert name == Path(f).name.split(".")[0]
+        assert m["sources"][name]["train"]["tokens"] == sum(len(tok.encode(d)) for d in docs[f])
+
+
+def test_a_huge_line_is_read_in_pieces_that_encode_as_the_whole(tmp_path, tok, monkeypatch):
+    monkeypatch.setattr(sources, "PIECE_BYTES", 3000)
+    monkeypatch.setattr(sources, "CHUNK_BYTES", 7000)
+    rng = random.Random(9)
+    line = "  " + " ".join(rng.choice(WORDS) for _ in range(8000)) + "\n"  # about 45 KB, no blank line
+    (tmp_path / "line.txt").write_text(line)
+    pieces = [(t, bos) for task, _ in sources.tasks(sources.resolve(str(tmp_path / "line.txt")))
+              for t, bos, _, _ in sources.documents(task)]
+    assert len(pieces) > 10 and [bos for _, bos in pieces] == [True] + [False] * (len(pieces) - 1)
+    assert "".join(t for t, _ in pieces) == line.strip()
+    assert all(len(t.encode()) <= 3000 for t, _ in pieces)
+    for share in (0.0, 0.999999):  # the whole line lands in one split, whichever it is
+        m = prepare(tok, [str(tmp_path / "line.txt")], tmp_path / f"d{share}", log=lambda *a: None, progress=False,
+                    val_share=share, workers=2)
+        split = "train" if share == 0 else "val"
+        got = split_tokens(tmp_path / f"d{share}", "line", split)
+        assert got.tolist() == tok.encode(line.strip(), bos=True)
+        assert m["sources"]["line"][split]["documents"] == 1
+
+
+def test_the_validation_split_stays_when_files_are_added(tmp_path, tok):
+    root = tmp_path / "src"
+    root.mkdir()
+    for name, seed in (("b.jsonl", 1), ("d.jsonl", 2)):
+        (root / name).write_text("".join(json.dumps({"text": d}) + "\n" for d in small_docs(seed, 200)))
+    before = {d for d in (json.loads(x)["text"] for f in ("b.jsonl", "d.jsonl") for x in (root / f).read_text().splitlines())}
+    val_before = set(sources_val(root))
+    assert 0 < len(val_before) < len(before) / 5
+    for name, seed in (("a.jsonl", 3), ("c.jsonl", 4), ("e.jsonl", 5)):
+        (root / name).write_text("".join(json.dumps({"text": d}) + "\n" for d in small_docs(seed, 200)))
+    val_after = set(sources_val(root))
+    assert val_after & before == val_before  # the old documents' split is untouched
+    assert len(val_after) > len(val_before)
+    # and prepare holds out exactly those documents
+    prepare(tok, [str(root)], tmp_path / "data", log=lambda *a: None, progress=False)
+    val = split_tokens(tmp_path / "data", "src", "val")
+    assert sorted(_documents_of(tok, val)) == sorted(val_after)
+
+
+def sources_val(root: Path) -> list[str]:
+    return [t for t, _ in sources.read_documents(str(root), "val")]
+
+
+def _documents_of(tok, tokens: np.ndarray) -> list[str]:
+    starts = np.flatnonzero(tokens == BOS).tolist() + [len(tokens)]
+    return [tok.decode(tokens[a + 1 : b].tolist()) for a, b in zip(starts, starts[1:])]
+
+
+def test_shards_have_exact_sizes_checksums_and_windows_stay_inside_one(tmp_path, tok, monkeypatch):
+    monkeypatch.setattr(sources, "CHUNK_BYTES", 5000)
+    (tmp_path / "s.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in small_docs(7, 300)))
+    m = prepare(tok, [str(tmp_path / "s.jsonl")], tmp_path / "data", log=lambda *a: None, progress=False,
+                shard_tokens=3000, workers=2)
+    shards = m["sources"]["s"]["train"]["shards"]
+    assert len(shards) >= 4 and all(s["tokens"] == 3000 for s in shards[:-1]) and 0 < shards[-1]["tokens"] <= 3000
+    for s in shards:
+        raw = (tmp_path / "data" / s["file"]).read_bytes()
+        assert hashlib.sha256(raw[32:]).hexdigest() == s["sha256"]
+    # the same tokens as one shard would hold
+    m1 = prepare(tok, [str(tmp_path / "s.jsonl")], tmp_path / "one", log=lambda *a: None, progress=False, workers=1)
+    assert len(m1["sources"]["s"]["train"]["shards"]) == 1
+    whole = split_tokens(tmp_path / "one", "s", "train")
+    assert np.array_equal(split_tokens(tmp_path / "data", "s", "train"), whole)
+
+    data, T = TokenData(tmp_path / "data"), 64
+    train = data.sources["s"].train
+    assert len(train.shards) == len(shards) and all(isinstance(s, np.memmap) for s in train.shards)
+    counts = [s["tokens"] - T for s in shards]
+    total = sum(counts)
+    offsets = data.sample_offsets("s", 500, T, np.random.default_rng(0))
+    assert offsets.min() >= 0 and offsets.max() < total
+    # every start, mapped to its shard: the window is that shard's tokens, never the next shard's
+    starts = np.arange(total)
+    x, y = data.windows("s", starts, T)
+    edges = np.cumsum([0] + counts)
+    for k, s in enumerate(shards):
+        own = open_shard(tmp_path / "data" / s["file"])
+        first, last = edges[k], edges[k + 1] - 1
+        assert np.array_equal(x[first].numpy(), own[:T]) and np.array_equal(y[last].numpy(), own[-T:])
+    # one shard: the offsets are the positions themselves, as the single-shard format always drew them
+    one = TokenData(tmp_path / "one")
+    rng_a, rng_b = np.random.default_rng(5), np.random.default_rng(5)
+    assert np.array_equal(one.sample_offsets("s", 50, T, rng_a), rng_b.integers(0, len(whole) - T, size=50))
+    xo, yo = one.windows("s", [0, 17], T)
+    assert np.array_equal(xo[1].numpy(), whole[17 : 17 + T]) and np.array_equal(yo[1].numpy(), whole[18 : 18 + T + 0])
+
+
+KILLER = textwrap.dedent("""
+    import os, signal, sys
+    import andrea.sources as sources
+    from andrea.data import prepare
+    from andrea.tokenizer import HarrisTokenizer
+    sources.CHUNK_BYTES = 5000
+    written = []
+    def log(line):
+        if "written" in line:
+            written.append(line)
+            if len(written) == 2:
+                os.kill(os.getpid(), signal.SIGKILL)
+    prepare(HarrisTokenizer.load(sys.argv[1]), [sys.argv[2]], sys.argv[3], log=log, progress=False,
+            shard_tokens=2000, workers=2)
+""")
+
+
+def test_a_killed_preparation_resumes_after_its_last_whole_shard(tmp_path, tok, monkeypatch):
+    monkeypatch.setattr(sources, "CHUNK_BYTES", 5000)
+    tok.save(tmp_path / "tok")
+    src = tmp_path / "s.jsonl"
+    src.write_text("".join(json.dumps({"text": d}) + "\n" for d in small_docs(8, 300)))
+    out = tmp_path / "data"
+    done = subprocess.run([sys.executable, "-c", KILLER, str(tmp_path / "tok"), str(src), str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == -9, done.stderr
+    assert not (out / "manifest.json").exists() and (out / PROGRESS_FILE).exists()
+    with pytest.raises(AndreaError, match="did not finish"):
+        TokenData(out)
+    whole = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in out.glob("*.tok")}
+    assert {"s.train.00000.tok", "s.train.00001.tok"} <= set(whole)
+    said = []
+    m = prepare(tok, [str(src)], out, log=said.append, progress=False, shard_tokens=2000, workers=2)
+    assert not any(line.startswith("s: part 0 ") or line.startswith("s: part 1 ") for line in said)  # not redone
+    for name, stamp in whole.items():  # the finished shards are the same files, untouched
+        p = out / name
+        assert (p.stat().st_ino, p.stat().st_mtime_ns) == stamp
+    assert not list(out.glob("*.partial")) and not (out / PROGRESS_FILE).exists()
+    fresh = prepare(tok, [str(src)], tmp_path / "fresh", log=lambda *a: None, progress=False, shard_tokens=2000, workers=1)
+    assert m["sources"] == fresh["sources"]
+    assert [s["sha256"] for s in m["sources"]["s"]["train"]["shards"]] == \
+        [s["sha256"] for s in fresh["sources"]["s"]["train"]["shards"]]
+    # a finished folder prepared again with the same settings reuses every shard
+    again = prepare(tok, [str(src)], out, log=lambda *a: None, progress=False, shard_tokens=2000)
+    assert again["sources"] == m["sources"]
+
+
+def run_cli(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("name, content, expect", [
+    ("bad.jsonl", b'{"text": "fine"}\n{"text": "also fine"}\n{"body": "no text field"}\n', r"bad\.jsonl line 3 has no 'text' field"),
+    ("bad2.jsonl", b'{"text": "fine"}\nnot json at all\n', r"bad2\.jsonl line 2 is not valid JSON"),
+    ("bad.txt", b"good text\n\nmore good text \xff\xfe here\n", r"bad\.txt is not UTF-8 text: invalid bytes at line 3"),
+    ("bad.txt.gz", b"\x1f\x8b\x08\x00garbage that is not deflate", r"bad\.txt\.gz is not a readable gz file"),
+    ("bad.jsonl.zst", b"(\xb5/\xfd not a zstd frame", r"bad\.jsonl\.zst is not a readable zstd file"),
+    ("bad.parquet", b"PAR1 not really parquet PAR1", r"bad\.parquet is not a readable parquet file"),
+    ("empty.txt", b"\n  \n\n", r"source empty \(.*empty\.txt\) holds no text"),
+])
+def test_bad_input_is_one_sentence_and_leaves_nothing_complete(tmp_path, tok, capsys, name, content, expect):
+    import re
+
+    tok.save(tmp_path / "tok")
+    good = tmp_path / "good.jsonl"
+    good.write_text("".join(json.dumps({"text": d}) + "\n" for d in small_docs(1, 20)))
+    (tmp_path / name).write_bytes(content)
+    out = tmp_path / "data"
+    code, _, err = run_cli(capsys, "prepare", "--tokenizer", tmp_path / "tok", "--out", out, "--no-progress",
+                           good, tmp_path / name)
+    assert code == 2 and "Traceback" not in err and re.search(expect, err), err
+    assert err.count("\n") == 1
+    assert not (out / "manifest.json").exists() and not list(out.glob("*.partial"))
+    assert not [p for p in out.glob("*.tok") if not p.name.startswith("good.")]
+
+
+def test_a_parquet_file_without_the_column_names_it(tmp_path, tok, capsys):
+    tok.save(tmp_path / "tok")
+    pq.write_table(pa.table({"body": ["some text"] * 3}), tmp_path / "p.parquet")
+    code, _, err = run_cli(capsys, "prepare", "--tokenizer", tmp_path / "tok", "--out", tmp_path / "d", tmp_path / "p.parquet")
+    assert code == 2 and "p.parquet has no column 'text' (its columns: body)" in err
+    code, _, err = run_cli(capsys, "prepare", "--tokenizer", tmp_path / "tok", "--out", tmp_path / "d", "--no-progress",
+                           "--text-field", "body", tmp_path / "p.parquet")
+    assert code == 0, err
+    pq.write_table(pa.table({"text": [1, 2, 3]}), tmp_path / "n.parquet")
+    code, _, err = run_cli(capsys, "prepare", "--tokenizer", tmp_path / "tok", "--out", tmp_path / "d", tmp_path / "n.parquet")
+    assert code == 2 and "column 'text' of" in err and "not text" in err
+
+
+def test_the_tokenizer_fits_on_an_even_sample_across_files(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(sources, "CHUNK_BYTES", 20_000)
+    root = tmp_path / "big"
+    root.mkdir()
+    for i in range(6):
+        rng = random.Random(i)
+        lines = "".join(json.dumps({"text": f"file{i} " + doc(rng, 60)}) + "\n" for _ in range(400))
+        (root / f"part{i}.jsonl.gz").write_bytes(gzip.compress(lines.encode()))
+    whole = sample_source(str(root), None)
+    assert whole.everything and whole.bytes > 500_000 and whole.tasks_total > 30
+    budget = whole.bytes // 5
+    s = sample_source(str(root), budget)
+    assert not s.everything and budget * 0.9 <= s.bytes <= budget + 2000
+    assert {t.split()[0] for t in s.texts} == {f"file{i}" for i in range(6)}  # drawn from every file
+    assert s.texts == sample_source(str(root), budget).texts  # deterministic
+    assert set(s.texts) <= set(whole.texts)  # training documents only
+    code = main(["tokenizer", "train", str(root), "--segments", "20", "--sample-bytes", str(budget), "--out", str(tmp_path / "t")])
+    out = capsys.readouterr().out
+    assert code == 0 and f"sampling at most {budget:,} bytes" in out and "drawn evenly from" in out and "across 6 files" in out
+    texts, _ = load_training_texts([str(root)], sample_bytes=budget)
+    assert texts == s.texts
