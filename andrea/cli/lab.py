@@ -23,6 +23,8 @@ def cmd_lab(args) -> int:
     print(f"open {server.url} in a browser (Ctrl-C stops the server)", flush=True)
     try:
         server.serve_forever()
+    except KeyboardInterrupt:
+        pass  # Ctrl-C is how the lab ends: uvicorn has shut down, and hands the signal on
     finally:
         server.sock.close()
     print("andrea lab: stopped.")

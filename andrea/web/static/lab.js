@@ -7,9 +7,9 @@ const show = (p) => p.replace(/ /g, "␣").replace(/\n/g, "\\n").replace(/\t/g, 
 const pct = (p) => (100 * p).toFixed(p >= 0.095 ? 0 : 1) + "%";
 const fmt = (x, d = 4) => (Number.isFinite(x) ? x.toFixed(d) : "—");
 const FORMS = {
-  "id": "a token named by its id",
-  "word-initial": "word-initial form, with the leading space a word has in running text",
-  "bare": "the bare piece as typed",
+  "id": "named by its id",
+  "word-initial": "word-initial form: with the leading space a word has in running text",
+  "bare": "the bare piece, as typed",
   "as typed": "as typed",
 };
 const PLOT_CONFIG = { displaylogo: false, responsive: true, modeBarButtonsToRemove: ["toImage", "sendDataToCloud"] };
@@ -102,11 +102,7 @@ DRAW.params = () => run("params", async () => {
 function describeLookup(w) {
   const out = [el("b", { text: JSON.stringify(w.query) }), " → "];
   if (w.single) out.push("token ", el("b", { text: String(w.ids[0]) }), " ", piece(w.pieces[0]));
-  else {
-    out.push(piece(w.text), ` splits into ${w.ids.length} tokens `);
-    w.pieces.forEach((p, i) => out.push(i ? " + " : "", piece(p)));
-    out.push(" (the mean of their rows stands for it)");
-  }
+  else out.push(piece(w.text), `: the mean of ${w.ids.length} tokens`);
   out.push(" ", el("span", { class: "form", text: `· ${FORMS[w.form]}` }));
   return out;
 }
@@ -162,13 +158,14 @@ function compareCard(r) {
   for (const [label, key, d] of rows) body.append(el("tr", { "data-key": key }, el("td", { text: label }),
     el("td", { text: fmt(r.input[key], d) }), el("td", { text: fmt(r.output[key], d) })));
   table.append(body);
-  const plots = el("div", { class: "plots" }, el("div"), el("div"));
+  const plots = [el("div", { class: "plane" }), el("div", { class: "plane" })];
   const notes = [r.a.note, r.b.note].filter(Boolean).map((n) => el("div", { class: "note", text: n }));
   const card = el("div", { class: "card" },
-    el("div", {}, "u: ", ...describeLookup(r.a)), el("div", {}, "v: ", ...describeLookup(r.b)), ...notes, table, plots);
+    el("div", {}, "u: ", ...describeLookup(r.a)), el("div", {}, "v: ", ...describeLookup(r.b)), ...notes,
+    el("div", { class: "plots" }, table, ...plots));
   $("compare-results").append(card);
-  planePlot(plots.children[0], r, "input");
-  planePlot(plots.children[1], r, "output");
+  planePlot(plots[0], r, "input");
+  planePlot(plots[1], r, "output");
 }
 
 async function comparePairs(pairs) {
@@ -268,7 +265,7 @@ function attentionDetail(layer, head) {
   const labels = ATT.pieces.map((p, t) => `${t}:${show(p)}`);
   const z = ATT.patterns[layer][head].map((row, i) => row.map((w, j) => (j <= i ? w : null)));
   Plotly.react("attention-detail", [{
-    type: "heatmap", z, x: labels, y: labels, zmin: 0, zmax: 1, colorscale: "Blues",
+    type: "heatmap", z, x: labels, y: labels, zmin: 0, zmax: 1, colorscale: "Blues", reversescale: true,
     hovertemplate: "query %{y}<br>key %{x}<br>weight %{z:.3f}<extra></extra>", colorbar: { title: { text: "weight" } },
   }], { title: { text: `layer ${layer + 1}, head ${head + 1}`, font: { size: 13 } }, font: FONT,
     margin: { l: 110, r: 10, t: 34, b: 110 }, xaxis: { tickangle: -60, title: { text: "key (attended to)" }, type: "category" },
@@ -335,7 +332,7 @@ function tokenDetail(span, step) {
 }
 
 function addToken(out, step) {
-  const a = Math.max(0.06, Math.min(1, step.prob));
+  const a = Math.sqrt(Math.max(0, Math.min(1, step.prob)));
   const span = el("span", { class: "gen-token", "data-prob": step.prob.toFixed(6), "data-id": step.id,
     title: `${show(step.piece)}: ${pct(step.prob)}\n` + step.alternatives.map((x) => `${show(x.piece)}  ${pct(x.prob)}`).join("\n"),
     style: `background: hsla(${Math.round(120 * a)}, 75%, 60%, 0.35)` }, step.text);
