@@ -411,7 +411,9 @@ def register(sub) -> None:
     common = _common()
     p = sub.add_parser("embed", help="look inside the embedding layer: tables, rows, similarities, positions",
                        description="Inspect the token embedding (wte), the position embedding (wpe) and the untied "
-                                   "output head (lm_head) of a checkpoint or a freshly initialised preset.")
+                                   "output head (lm_head) of a checkpoint or a freshly initialised preset, and what "
+                                   "the blocks do with a prompt (attention, the logit lens). `andrea lab` shows the "
+                                   "same in a browser.")
     esub = p.add_subparsers(dest="embed_command", metavar="ACTION", required=True)
 
     t = esub.add_parser("table", parents=[common], help="where the parameters live, as a table and a chart")
@@ -445,7 +447,7 @@ def register(sub) -> None:
     po.add_argument("--png", help="the heatmap's file (default embed-positions-<model>.png in the current folder)")
     po.set_defaults(func=cmd_positions)
 
-    m = esub.add_parser("map", parents=[common], help="a 2-D PCA scatter of chosen tokens, labelled")
+    m = esub.add_parser("map", parents=[common], help="a 2-D map (PCA or t-SNE) of chosen tokens or the most used ones, labelled")
     m.add_argument("words", nargs="*", metavar="WORD", help=WORD_HELP)
     m.add_argument("--top", type=int, help="map the N most used segments instead of chosen words")
     m.add_argument("--table", choices=["input", "output"], default="input", help="input (default) or output")
