@@ -550,35 +550,41 @@ def attention(model, tokenizer, text: str, bos: bool = True) -> dict:
 
 
 @torch.no_grad()
-def lens_logits(model, ids: list[int]) -> torch.Tensor:
-    """The logit lens: (L + 1, T, V) logits read out of the residual stream after the embedding
-    and after each block, through the final norm and the head (the last row is the model's own)."""
+def residual_stream(model, ids: list[int]) -> list[torch.Tensor]:
+    """The (1, T, d) residual stream after the embedding and after each block (L + 1 states)."""
     x = model.embed(_ids_tensor(model, ids))
     states = [x]
     for block in model.h:
         x = block(x, model.rope)
         states.append(x)
-    return model.head(model.ln_f(torch.cat(states)))
+    return states
 
 
+@torch.no_grad()
+def lens_logits(model, ids: list[int]) -> torch.Tensor:
+    """The logit lens: (L + 1, T, V) logits read out of the residual stream after the embedding
+    and after each block, through the final norm and the head (the last row is the model's own)."""
+    return model.head(model.ln_f(torch.cat(residual_stream(model, ids))))
+
+
+@torch.no_grad()
 def logit_lens(model, tokenizer, text: str, k: int = 5, bos: bool = True) -> dict:
     """The top-k predictions after the embedding and after each block, position by position, and
-    the probability each stage gives the prompt's own next token."""
+    the probability each stage gives the prompt's own next token. (One stage's (T, V) logits at a
+    time, so a long prompt on a large vocabulary stays small.)"""
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise AndreaError(f"the number of predictions k must be an integer of at least 1, got {k!r}.")
     ids = encode_prompt(model, tokenizer, text, bos)
-    probs = torch.softmax(lens_logits(model, ids).double(), dim=-1)
-    top = torch.topk(probs, min(k, probs.shape[-1]), dim=-1)
-    stages = ["embedding"] + [f"block {i + 1}" for i in range(model.config.n_layer)]
     piece = tokenizer.id_to_piece
+    nexts = torch.tensor(ids[1:], dtype=torch.long)
     rows = []
-    for s in range(len(stages)):
-        row = []
-        for t in range(len(ids)):
-            preds = [{"id": int(i), "piece": piece(int(i)), "prob": float(p)} for p, i in zip(top.values[s, t], top.indices[s, t])]
-            nxt = ids[t + 1] if t + 1 < len(ids) else None
-            row.append({"top": preds, "next_prob": float(probs[s, t, nxt]) if nxt is not None else None})
-        rows.append(row)
+    for state in residual_stream(model, ids):
+        probs = torch.softmax(model.head(model.ln_f(state))[0].double(), dim=-1)
+        top = torch.topk(probs, min(k, probs.shape[-1]), dim=-1)
+        own = probs[torch.arange(len(nexts)), nexts.to(probs.device)].tolist() + [None]
+        rows.append([{"top": [{"id": int(i), "piece": piece(int(i)), "prob": float(p)} for p, i in zip(top.values[t], top.indices[t])],
+                      "next_prob": own[t]} for t in range(len(ids))])
+    stages = ["embedding"] + [f"block {i + 1}" for i in range(model.config.n_layer)]
     return {"ids": ids, "pieces": [piece(i) for i in ids], "stages": stages, "lens": rows}
 
 

@@ -394,7 +394,7 @@ def bind(host: str, port: int) -> socket.socket:
     except OSError as e:
         sock.close()
         if e.errno == 98:
-            raise AndreaError(f"port {port} is already in use on {host}; give another --port (0 picks a free one).") from None
+            raise AndreaError(f"port {port} is already in use on {host}; give another port (0 picks a free one).") from None
         raise AndreaError(f"cannot listen on {host}:{port} ({e.strerror}).") from None
     sock.listen(128)
     sock.setblocking(False)
