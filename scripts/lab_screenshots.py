@@ -35,7 +35,7 @@ def find_browser() -> tuple[str, str] | str:
     return browser, driver
 
 
-def open_browser(width: int = 1360, height: int = 900):
+def open_browser(width: int = 1360, height: int = 1000):
     """A headless chromium driven by selenium, with the page's console log kept."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
@@ -176,7 +176,7 @@ def main(argv=None) -> int:
     ap.add_argument("--checkpoint", required=True, help="a checkpoint file or run folder")
     ap.add_argument("--out", default="docs/lab", help="where to write the PNGs (default docs/lab)")
     ap.add_argument("--width", type=int, default=1360)
-    ap.add_argument("--height", type=int, default=900)
+    ap.add_argument("--height", type=int, default=1000)
     args = ap.parse_args(argv)
 
     from andrea.errors import AndreaError

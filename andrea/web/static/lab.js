@@ -93,7 +93,7 @@ DRAW.params = () => run("params", async () => {
     text: parts.map((x) => `${x.count.toLocaleString("en")} (${(100 * x.share).toFixed(1)}%)`), textposition: "auto",
     hovertemplate: "%{y}<br>%{x:,} parameters<extra></extra>",
     marker: { color: parts.map((x) => (x.name.includes("embedding") ? "#2563eb" : x.name.includes("head") ? "#16a34a" : "#94a3b8")) },
-  }], { title: { text: r.name, font: { size: 13 } }, margin: { l: 170, r: 20, t: 40, b: 40 }, font: FONT,
+  }], { title: { text: r.name, font: { size: 13 }, x: 0.01, xanchor: "left" }, margin: { l: 170, r: 20, t: 40, b: 40 }, font: FONT,
     xaxis: { title: { text: "parameters" } } }, PLOT_CONFIG);
 });
 
@@ -145,7 +145,7 @@ function planePlot(node, r, which) {
     type: "scatter", mode: "text+markers", x: [u[0], v[0]], y: [u[1], v[1]], text: [r.a.label, r.b.label],
     textposition: "top center", marker: { size: 6, color: ["#2563eb", "#dc2626"] },
     hovertemplate: "%{text}: (%{x:.3f}, %{y:.3f})<extra></extra>",
-  }], { title: { text: `${which === "input" ? "input table" : "output head"}: θ = ${fmt(s.angle_deg, 1)}°`, font: { size: 12 } },
+  }], { title: { text: `${which === "input" ? "input table" : "output head"}: θ = ${fmt(s.angle_deg, 1)}°`, font: { size: 12 }, x: 0.01, xanchor: "left" },
     margin: { l: 36, r: 10, t: 30, b: 26 }, font: FONT, showlegend: false, annotations: [arrow(u, "#2563eb"), arrow(v, "#dc2626")],
     xaxis: { range: [-lim, lim], zeroline: true }, yaxis: { range: [-lim, lim], scaleanchor: "x", zeroline: true } }, PLOT_CONFIG);
 }
@@ -232,14 +232,14 @@ DRAW.positions = () => run("positions", async () => {
     type: "heatmap", z: r.heatmap, x: at, y: at, zmin: -1, zmax: 1, colorscale: "RdBu", reversescale: true,
     colorbar: { title: { text: "cos θ" } }, hovertemplate: "positions %{y} and %{x}<br>cos θ = %{z:.3f}<extra></extra>",
   }], { title: { text: `cosine similarity between the ${r.positions} position rows (${r.table})` +
-    (at.length < r.positions ? `, every ${at[1] - at[0]}th` : ""), font: { size: 12 } },
+    (at.length < r.positions ? `, every ${at[1] - at[0]}th` : ""), font: { size: 12 }, x: 0.01, xanchor: "left" },
     margin: { l: 50, r: 10, t: 36, b: 40 }, font: FONT, yaxis: { autorange: "reversed", title: { text: "position" }, scaleanchor: "x" },
     xaxis: { title: { text: "position" } } }, PLOT_CONFIG);
   const ks = r.by_distance.map((_, i) => i + 1);
   Plotly.react("positions-distance", [{
     type: "scatter", mode: "lines", x: ks, y: r.by_distance, line: { color: "#2563eb" },
     hovertemplate: "distance %{x}<br>mean cos θ = %{y:.4f}<extra></extra>",
-  }], { title: { text: `mean similarity by distance (mean row norm ${fmt(r.norm_mean, 3)})`, font: { size: 12 } },
+  }], { title: { text: `mean similarity by distance (mean row norm ${fmt(r.norm_mean, 3)})`, font: { size: 12 }, x: 0.01, xanchor: "left" },
     margin: { l: 56, r: 10, t: 36, b: 40 }, font: FONT,
     xaxis: { type: "log", title: { text: "distance k (log scale)" } }, yaxis: { title: { text: "mean cos θ(t, t + k)" }, zeroline: true } }, PLOT_CONFIG);
 });
@@ -267,7 +267,7 @@ function attentionDetail(layer, head) {
   Plotly.react("attention-detail", [{
     type: "heatmap", z, x: labels, y: labels, zmin: 0, zmax: 1, colorscale: "Blues", reversescale: true,
     hovertemplate: "query %{y}<br>key %{x}<br>weight %{z:.3f}<extra></extra>", colorbar: { title: { text: "weight" } },
-  }], { title: { text: `layer ${layer + 1}, head ${head + 1}`, font: { size: 13 } }, font: FONT,
+  }], { title: { text: `layer ${layer + 1}, head ${head + 1}`, font: { size: 13 }, x: 0.01, xanchor: "left" }, font: FONT,
     margin: { l: 110, r: 10, t: 34, b: 110 }, xaxis: { tickangle: -60, title: { text: "key (attended to)" }, type: "category" },
     yaxis: { autorange: "reversed", title: { text: "query" }, type: "category" } }, PLOT_CONFIG);
 }
