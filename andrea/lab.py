@@ -457,15 +457,21 @@ def pca_2d(vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def tsne_2d(vectors: np.ndarray, seed: int = 0) -> np.ndarray:
     """A non-linear 2-D map (scikit-learn's t-SNE, seeded, PCA-initialised): near neighbours stay
-    near; distances between far clusters and the axes carry no meaning."""
+    near; distances between far clusters and the axes carry no meaning. Up to 200 points use the
+    exact gradient; more use Barnes-Hut on one thread (its OpenMP threads, competing for the cores
+    of a busy machine, made it tens of times slower here)."""
     from sklearn.manifold import TSNE
+    from threadpoolctl import threadpool_limits
 
     vectors = np.asarray(vectors, dtype=np.float64)
     n = len(vectors)
     if n < 3:
         raise AndreaError(f"a t-SNE map needs at least three tokens, got {n}.")
     perplexity = float(min(30.0, max(1.0, (n - 1) / 3)))
-    return TSNE(n_components=2, perplexity=perplexity, init="pca", random_state=seed).fit_transform(vectors)
+    method = "exact" if n <= 200 else "barnes_hut"
+    with threadpool_limits(limits=1):
+        return TSNE(n_components=2, perplexity=perplexity, init="pca", random_state=seed,
+                    method=method).fit_transform(vectors)
 
 
 MAP_METHODS = ("pca", "tsne")
