@@ -108,11 +108,12 @@ def _id_stream(model, seq: list[int], max_new_tokens: int, pick, use_cache: bool
 
 def stream_ids(model, prompt_ids, max_new_tokens: int = 256, temperature: float = 1.0, top_k: int | None = None,
                top_p: float | None = None, seed: int | None = None, greedy: bool = False, use_cache: bool = True,
-               stop_at_bos: bool = True) -> Iterator[int]:
+               stop_at_bos: bool = True, on_step=None) -> Iterator[int]:
     """Yield new token ids one at a time as they are sampled (the prompt is not repeated).
 
     Arguments are checked here, before the first token; `stop_at_bos=False` lets a BOS through
-    as an ordinary token (for measurements that need a run of fixed length).
+    as an ordinary token (for measurements that need a run of fixed length). `on_step(logits,
+    token)`, when given, sees each token's (V,) logits as it is picked (the lab shows them).
     """
     check_sampling(max_new_tokens, temperature, top_k, top_p)
     seq = [int(t) for t in prompt_ids]
@@ -129,7 +130,10 @@ def stream_ids(model, prompt_ids, max_new_tokens: int = 256, temperature: float 
         generator.manual_seed(seed)
 
     def pick(logits):
-        return sample_next(logits, temperature, top_k, top_p, greedy, generator)
+        tok = sample_next(logits, temperature, top_k, top_p, greedy, generator)
+        if on_step is not None:
+            on_step(logits, tok)
+        return tok
 
     return _id_stream(model, seq, max_new_tokens, pick, use_cache, stop_at_bos)
 

@@ -12,13 +12,18 @@ vectors, trained for different jobs, that need not agree.
 Geometry. For rows u and v: u·v = ‖u‖ ‖v‖ cos θ. The dot product is the unnormalised
 similarity that attention and the head compute; cos θ removes the lengths.
 
-Looking up a word (`lookup`), in this order:
-    "#123"   token id 123
-    "cat"    the text as typed, when it is one token;
-             else " cat" (with the leading space a word has inside running text), when that is
-             one token;
-             else the tokens of the text as typed: a word that is not one token is represented by
-             the mean of its tokens' rows, and every result built on such a mean says so.
+Looking up a word (`lookup`). A learner who types `king` means the word, and inside running text a
+word carries the space before it: `␣king` is a different token from the word-internal piece `king`
+(as in `making`). So, in this order:
+    "#123"     token id 123                                                     (form "id")
+    " king"    text that starts with a space is looked up as typed             (form "as typed")
+    "king"     looked up as " king", its word-initial form                     (form "word-initial")
+    bare=True  "king" looked up as typed, the bare piece                       (form "bare")
+When the text looked up is not one token, it is represented by the mean of its tokens' rows, and
+every result built on such a mean says so. Every result names the form it used.
+
+Whole words. A neighbour list can be limited to whole-word tokens: word-initial tokens made of a
+space and letters only (`␣father`, not `ing`, `␣,` or a byte).
 """
 
 from __future__ import annotations
@@ -31,10 +36,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from andrea.config import N_SPECIAL, get_preset
+from andrea.config import BOS, N_SPECIAL, get_preset
 from andrea.errors import AndreaError
 
-BOS = 256
 TABLES = ("input", "output")
 METRICS = ("cos", "dot")
 DEFAULT_DISTANCES = (1, 8, 64, 512)
@@ -100,9 +104,9 @@ def load_subject(checkpoint=None, preset=None, seed: int = 0, tokenizer_dir=None
     from andrea.model import ANDREA
 
     if checkpoint and preset:
-        raise AndreaError("give either --checkpoint or --preset, not both.")
+        raise AndreaError("give either a checkpoint or a preset, not both.")
     if not checkpoint and not preset:
-        raise AndreaError("give --checkpoint PATH (a trained model) or --preset NAME (a freshly initialised one).")
+        raise AndreaError("give a checkpoint (a trained model) or a preset (a freshly initialised one).")
     tokenizer = None
     if tokenizer_dir:
         from andrea.tokenizer import HarrisTokenizer
@@ -131,7 +135,7 @@ def load_subject(checkpoint=None, preset=None, seed: int = 0, tokenizer_dir=None
     note = None
     if tokenizer is None:
         tokenizer = ByteTokenizer(model.config.vocab_size)
-        note = "no tokenizer: text is looked up as UTF-8 bytes (ids 0-255); name other tokens as #ID, or give --tokenizer DIR."
+        note = "no tokenizer: text is looked up as UTF-8 bytes (ids 0-255); name other tokens as #ID, or give a tokenizer folder."
     return Subject(model, tokenizer, name, slug, note)
 
 
@@ -187,12 +191,17 @@ def parameter_groups(model) -> list[ParamGroup]:
 # ---------------------------------------------------------------- tokens and words
 
 
+FORMS = ("id", "word-initial", "bare", "as typed")
+
+
 @dataclass
 class Lookup:
     query: str
     ids: list[int]
     pieces: list[str]
-    note: str | None = None  # why the ids are not simply the query as one token
+    note: str | None = None  # why the ids are not simply the text looked up as one token
+    form: str = "as typed"  # one of FORMS: how the query became the text looked up
+    text: str = ""  # the text looked up (" king" for "king" in its word-initial form)
 
     @property
     def single(self) -> bool:
@@ -202,7 +211,15 @@ class Lookup:
     def label(self) -> str:
         if self.single:
             return show_piece(self.pieces[0])
-        return f"{show_piece(self.query)} (mean of {len(self.ids)})"
+        return f"{show_piece(self.text or self.query)} (mean of {len(self.ids)})"
+
+
+FORM_NOTES = {
+    "id": "a token named by its id",
+    "word-initial": "the word-initial form, with the leading space a word has in running text",
+    "bare": "the bare piece as typed, without a leading space",
+    "as typed": "as typed",
+}
 
 
 def show_piece(piece: str) -> str:
@@ -216,30 +233,44 @@ def token_kind(i: int) -> str:
     return "BOS" if i == BOS else "segment"
 
 
-def lookup(tokenizer, query: str, vocab_size: int) -> Lookup:
-    """The token(s) of a query: "#ID", a single token as typed, the same with a leading space, or
-    else the several tokens the text splits into (see the module docstring)."""
+def lookup(tokenizer, query: str, vocab_size: int, bare: bool = False) -> Lookup:
+    """The token(s) of a query: "#ID"; else the text in its word-initial form (" " + query) unless
+    the query starts with a space or `bare` asks for the piece as typed; a text that is not one
+    token is represented by its tokens (see the module docstring)."""
     if not isinstance(query, str) or query == "":
         raise AndreaError("give a word or a token id (#ID), not an empty string.")
     if re.fullmatch(r"#\d+", query):
         i = int(query[1:])
         if i >= vocab_size:
             raise AndreaError(f"token id {i} is out of range: ids are 0 to {vocab_size - 1} (V = {vocab_size:,}).")
-        return Lookup(query, [i], [tokenizer.id_to_piece(i)])
-    ids = tokenizer.encode(query, bos=False)
-    if len(ids) == 1:
-        return Lookup(query, ids, [tokenizer.id_to_piece(ids[0])])
-    if not query.startswith(" "):
-        spaced = tokenizer.encode(" " + query, bos=False)
-        if len(spaced) == 1:
-            piece = tokenizer.id_to_piece(spaced[0])
-            return Lookup(query, spaced, [piece],
-                          f"{query!r} is not one token, but {' ' + query!r} (with the leading space it has in running text) is.")
+        return Lookup(query, [i], [tokenizer.id_to_piece(i)], form="id", text=tokenizer.id_to_piece(i))
+    if query[0].isspace():
+        form, text = "as typed", query
+    elif bare:
+        form, text = "bare", query
+    else:
+        form, text = "word-initial", " " + query
+    ids = tokenizer.encode(text, bos=False)
     pieces = [tokenizer.id_to_piece(i) for i in ids]
+    if len(ids) == 1:
+        return Lookup(query, ids, pieces, form=form, text=text)
     parts = " + ".join(show_piece(p) for p in pieces)
-    return Lookup(query, ids, pieces,
-                  f"{query!r} is not a single token in the vocabulary: it splits into {len(ids)} tokens "
-                  f"{parts} (ids {', '.join(map(str, ids))}); the mean of their rows stands for it.")
+    note = (f"{show_piece(text)} is not a single token in the vocabulary: it splits into {len(ids)} tokens "
+            f"{parts} (ids {', '.join(map(str, ids))}); the mean of their rows stands for it.")
+    if form == "word-initial":
+        plain = tokenizer.encode(query, bos=False)
+        if len(plain) == 1:
+            note += f" (The bare piece {show_piece(query)} is one token, id {plain[0]}: look it up bare to use it.)"
+    return Lookup(query, ids, pieces, note, form, text)
+
+
+def whole_word_mask(tokenizer, vocab_size: int) -> np.ndarray:
+    """True for whole-word tokens: a space followed by letters only (see the module docstring)."""
+    mask = np.zeros(vocab_size, dtype=bool)
+    for i in range(N_SPECIAL, vocab_size):
+        piece = tokenizer.id_to_piece(i)
+        mask[i] = len(piece) > 1 and piece[0] == " " and piece[1:].isalpha()
+    return mask
 
 
 def word_vector(matrix: np.ndarray, lk: Lookup) -> np.ndarray:
@@ -256,19 +287,35 @@ def vector_stats(u: np.ndarray, v: np.ndarray) -> dict:
     return {"norm_u": nu, "norm_v": nv, "dot": dot, "cos": cos, "angle_deg": angle}
 
 
-def compare(model, tokenizer, a: str, b: str) -> dict:
-    """The geometry of two tokens or words in the input table and in the output head."""
+def plane_coords(u: np.ndarray, v: np.ndarray) -> dict:
+    """u and v drawn in the plane they span: u along the first axis, (‖u‖, 0); v at
+    (v·e1, v·e2), e2 being the unit part of v orthogonal to u. Lengths and the angle survive."""
+    u, v = np.asarray(u, dtype=np.float64), np.asarray(v, dtype=np.float64)
+    nu = float(np.linalg.norm(u))
+    if nu == 0:
+        return {"u": [0.0, 0.0], "v": [float(np.linalg.norm(v)), 0.0]}
+    e1 = u / nu
+    a = float(v @ e1)
+    b = float(np.linalg.norm(v - a * e1))
+    return {"u": [nu, 0.0], "v": [a, b]}
+
+
+def compare(model, tokenizer, a: str, b: str, bare: bool = False) -> dict:
+    """The geometry of two tokens or words in the input table and in the output head, with the
+    two vectors' coordinates in the plane they span."""
     V = model.config.vocab_size
-    la, lb = lookup(tokenizer, a, V), lookup(tokenizer, b, V)
+    la, lb = lookup(tokenizer, a, V, bare), lookup(tokenizer, b, V, bare)
     out = {"a": _lookup_dict(la), "b": _lookup_dict(lb)}
     for which in TABLES:
         m = table(model, which)
-        out[which] = vector_stats(word_vector(m, la), word_vector(m, lb))
+        u, v = word_vector(m, la), word_vector(m, lb)
+        out[which] = {**vector_stats(u, v), "plane": plane_coords(u, v)}
     return out
 
 
 def _lookup_dict(lk: Lookup) -> dict:
-    return {"query": lk.query, "ids": lk.ids, "pieces": lk.pieces, "single": lk.single, "note": lk.note}
+    return {"query": lk.query, "form": lk.form, "text": lk.text, "ids": lk.ids, "pieces": lk.pieces,
+            "single": lk.single, "label": lk.label, "note": lk.note}
 
 
 def scores(matrix: np.ndarray, vector: np.ndarray, metric: str) -> np.ndarray:
@@ -283,24 +330,32 @@ def scores(matrix: np.ndarray, vector: np.ndarray, metric: str) -> np.ndarray:
         return np.where(norms > 0, dots / norms, 0.0)
 
 
-def nearest(matrix: np.ndarray, vector: np.ndarray, k: int, metric: str = "cos", exclude=()) -> list[tuple[int, float]]:
-    """The k rows most similar to vector, best first (ties by lower id), leaving out `exclude`."""
-    if k < 1:
-        raise AndreaError(f"-k must be at least 1, got {k}.")
+def nearest(matrix: np.ndarray, vector: np.ndarray, k: int, metric: str = "cos", exclude=(),
+            only: np.ndarray | None = None) -> list[tuple[int, float]]:
+    """The k rows most similar to vector, best first (ties by lower id), leaving out `exclude`
+    and, when `only` (a boolean mask over rows) is given, every row it does not mark."""
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise AndreaError(f"the number of neighbours k must be an integer of at least 1, got {k!r}.")
     s = scores(matrix, vector, metric)
-    keep = np.ones(len(s), dtype=bool)
+    keep = np.ones(len(s), dtype=bool) if only is None else np.asarray(only, dtype=bool).copy()
     keep[list(exclude)] = False
     ids = np.flatnonzero(keep)
     order = ids[np.lexsort((ids, -s[ids]))][:k]
     return [(int(i), float(s[i])) for i in order]
 
 
-def neighbors(model, tokenizer, word: str, k: int = 10, metric: str = "cos", which: str = "input") -> dict:
-    """The k tokens nearest to a token or word (its own tokens left out)."""
-    lk = lookup(tokenizer, word, model.config.vocab_size)
+def neighbors(model, tokenizer, word: str, k: int = 10, metric: str = "cos", which: str = "input",
+              bare: bool = False, whole_words: bool = False) -> dict:
+    """The k tokens nearest to a token or word (its own tokens left out), optionally only among
+    whole-word tokens; with the word's row norm."""
+    V = model.config.vocab_size
+    lk = lookup(tokenizer, word, V, bare)
     m = table(model, which)
-    rows = nearest(m, word_vector(m, lk), k, metric, exclude=set(lk.ids))
-    return {"word": _lookup_dict(lk), "table": which, "metric": metric,
+    vec = word_vector(m, lk)
+    only = whole_word_mask(tokenizer, V) if whole_words else None
+    rows = nearest(m, vec, k, metric, exclude=set(lk.ids), only=only)
+    return {"word": _lookup_dict(lk), "table": which, "metric": metric, "whole_words": whole_words,
+            "norm": float(np.linalg.norm(vec)),
             "neighbors": [{"id": i, "piece": tokenizer.id_to_piece(i), "score": s} for i, s in rows]}
 
 
@@ -338,6 +393,11 @@ def cosine_matrix(rows: np.ndarray) -> np.ndarray:
 def similarity_at_distances(sim: np.ndarray, distances=DEFAULT_DISTANCES) -> dict[int, float]:
     """Mean cos θ between positions t and t + k, for each distance k shorter than the table."""
     return {k: float(np.diagonal(sim, k).mean()) for k in distances if 0 < k < len(sim)}
+
+
+def similarity_by_distance(sim: np.ndarray) -> list[float]:
+    """Mean cos θ between positions t and t + k for every k from 1 to T - 1 (entry k - 1)."""
+    return [float(np.diagonal(sim, k).mean()) for k in range(1, len(sim))]
 
 
 def positions(model, distances=DEFAULT_DISTANCES) -> dict:
@@ -394,23 +454,185 @@ def pca_2d(vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return coords, np.pad(share, (0, 2 - len(share)))
 
 
-def map_points(model, tokenizer, words=None, top: int | None = None, which: str = "input") -> dict:
-    """2-D PCA coordinates of chosen words (means for words of several tokens) or of the `top`
-    most used segments (the tokenizer lists segments most used first, from id 257)."""
+def tsne_2d(vectors: np.ndarray, seed: int = 0) -> np.ndarray:
+    """A non-linear 2-D map (scikit-learn's t-SNE, seeded, PCA-initialised): near neighbours stay
+    near; distances between far clusters and the axes carry no meaning. Up to 200 points use the
+    exact gradient; more use Barnes-Hut on one thread (its OpenMP threads, competing for the cores
+    of a busy machine, made it tens of times slower here)."""
+    from sklearn.manifold import TSNE
+    from threadpoolctl import threadpool_limits
+
+    vectors = np.asarray(vectors, dtype=np.float64)
+    n = len(vectors)
+    if n < 3:
+        raise AndreaError(f"a t-SNE map needs at least three tokens, got {n}.")
+    perplexity = float(min(30.0, max(1.0, (n - 1) / 3)))
+    method = "exact" if n <= 200 else "barnes_hut"
+    with threadpool_limits(limits=1):
+        return TSNE(n_components=2, perplexity=perplexity, init="pca", random_state=seed,
+                    method=method).fit_transform(vectors)
+
+
+MAP_METHODS = ("pca", "tsne")
+
+
+def map_points(model, tokenizer, words=None, top: int | None = None, which: str = "input", bare: bool = False,
+               method: str = "pca") -> dict:
+    """2-D coordinates (PCA, or t-SNE) of chosen words (means for words of several tokens) or of
+    the `top` most used segments (the tokenizer lists segments most used first, from id 257)."""
+    if method not in MAP_METHODS:
+        raise AndreaError(f"the map method must be one of {', '.join(MAP_METHODS)}, got {method!r}.")
     V = model.config.vocab_size
     m = table(model, which)
     if words:
-        lks = [lookup(tokenizer, w, V) for w in words]
+        lks = [lookup(tokenizer, w, V, bare) for w in words]
     elif top:
+        if top < 2:
+            raise AndreaError(f"a map of the most used segments needs at least two, got {top}.")
         n = min(top, V - N_SPECIAL)
         if n < 2:
-            raise AndreaError(f"--top needs at least two segments; this vocabulary has {V - N_SPECIAL}.")
-        lks = [Lookup(f"#{i}", [i], [tokenizer.id_to_piece(i)]) for i in range(N_SPECIAL, N_SPECIAL + n)]
+            raise AndreaError(f"a map needs at least two segments; this vocabulary has {V - N_SPECIAL}.")
+        lks = [Lookup(f"#{i}", [i], [tokenizer.id_to_piece(i)], form="id", text=tokenizer.id_to_piece(i))
+               for i in range(N_SPECIAL, N_SPECIAL + n)]
     else:
-        raise AndreaError("give the words to map, or --top N for the N most used segments.")
-    coords, share = pca_2d(np.stack([word_vector(m, lk) for lk in lks]))
-    return {"table": which, "points": [{**_lookup_dict(lk), "label": lk.label, "x": float(c[0]), "y": float(c[1])}
-                                       for lk, c in zip(lks, coords)], "explained": share.tolist()}
+        raise AndreaError("give the words to map, or a number of most used segments.")
+    vectors = np.stack([word_vector(m, lk) for lk in lks])
+    if method == "pca":
+        coords, share = pca_2d(vectors)
+        explained = share.tolist()
+    else:
+        coords, explained = tsne_2d(vectors), None
+    return {"table": which, "method": method, "explained": explained,
+            "points": [{**_lookup_dict(lk), "x": float(c[0]), "y": float(c[1])} for lk, c in zip(lks, coords)]}
+
+
+# ---------------------------------------------------------------- inside the blocks: attention and the logit lens
+
+
+def encode_prompt(model, tokenizer, text: str, bos: bool = True) -> list[int]:
+    """The ids of a prompt (BOS first unless bos is False), checked against the context."""
+    if not isinstance(text, str) or text == "":
+        raise AndreaError("the prompt is empty; give some text.")
+    ids = tokenizer.encode(text, bos=bos)
+    T = model.config.block_size
+    if len(ids) > T:
+        raise AndreaError(f"the prompt is {len(ids)} tokens but the context is {T}; give a shorter prompt.")
+    return ids
+
+
+def attention_pattern(attn, h: torch.Tensor, rope=None) -> torch.Tensor:
+    """The (B, heads, T, T) attention weights of one attention layer on its input h (after ln_1):
+    softmax over keys j <= i of q_i·k_j / sqrt(d_head), 0 above the diagonal (the causal mask)."""
+    B, T, _ = h.shape
+    qkv = torch.nn.functional.linear(h, attn.qkv_weight())
+    q, k, _ = qkv.view(B, T, 3, attn.n_head, attn.head_dim).permute(2, 0, 3, 1, 4)
+    if rope is not None:
+        q, k = rope(q, 0), rope(k, 0)
+    scores_ = (q @ k.transpose(-1, -2)) / math.sqrt(attn.head_dim)
+    causal = torch.ones(T, T, dtype=torch.bool, device=h.device).tril()
+    return torch.softmax(scores_.masked_fill(~causal, float("-inf")), dim=-1)
+
+
+def _ids_tensor(model, ids: list[int]) -> torch.Tensor:
+    t = torch.tensor([ids], dtype=torch.long, device=model.wte.weight.device)
+    model.check_ids(t)
+    return t
+
+
+@torch.no_grad()
+def attention(model, tokenizer, text: str, bos: bool = True) -> dict:
+    """Every layer's and head's attention pattern on a prompt: patterns[l, h, i, j] is how much
+    position i attends to position j (each row sums to 1 over j <= i)."""
+    ids = encode_prompt(model, tokenizer, text, bos)
+    x = model.embed(_ids_tensor(model, ids))
+    patterns = []
+    for block in model.h:
+        patterns.append(attention_pattern(block.attn, block.ln_1(x), model.rope)[0])
+        x = block(x, model.rope)
+    cfg = model.config
+    return {"ids": ids, "pieces": [tokenizer.id_to_piece(i) for i in ids], "layers": cfg.n_layer, "heads": cfg.n_head,
+            "patterns": torch.stack(patterns).double().cpu().numpy()}
+
+
+@torch.no_grad()
+def residual_stream(model, ids: list[int]) -> list[torch.Tensor]:
+    """The (1, T, d) residual stream after the embedding and after each block (L + 1 states)."""
+    x = model.embed(_ids_tensor(model, ids))
+    states = [x]
+    for block in model.h:
+        x = block(x, model.rope)
+        states.append(x)
+    return states
+
+
+@torch.no_grad()
+def lens_logits(model, ids: list[int]) -> torch.Tensor:
+    """The logit lens: (L + 1, T, V) logits read out of the residual stream after the embedding
+    and after each block, through the final norm and the head (the last row is the model's own)."""
+    return model.head(model.ln_f(torch.cat(residual_stream(model, ids))))
+
+
+@torch.no_grad()
+def logit_lens(model, tokenizer, text: str, k: int = 5, bos: bool = True) -> dict:
+    """The top-k predictions after the embedding and after each block, position by position, and
+    the probability each stage gives the prompt's own next token. (One stage's (T, V) logits at a
+    time, so a long prompt on a large vocabulary stays small.)"""
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise AndreaError(f"the number of predictions k must be an integer of at least 1, got {k!r}.")
+    ids = encode_prompt(model, tokenizer, text, bos)
+    piece = tokenizer.id_to_piece
+    nexts = torch.tensor(ids[1:], dtype=torch.long)
+    rows = []
+    for state in residual_stream(model, ids):
+        probs = torch.softmax(model.head(model.ln_f(state))[0].double(), dim=-1)
+        top = torch.topk(probs, min(k, probs.shape[-1]), dim=-1)
+        own = probs[torch.arange(len(nexts)), nexts.to(probs.device)].tolist() + [None]
+        rows.append([{"top": [{"id": int(i), "piece": piece(int(i)), "prob": float(p)} for p, i in zip(top.values[t], top.indices[t])],
+                      "next_prob": own[t]} for t in range(len(ids))])
+    stages = ["embedding"] + [f"block {i + 1}" for i in range(model.config.n_layer)]
+    return {"ids": ids, "pieces": [piece(i) for i in ids], "stages": stages, "lens": rows}
+
+
+# ---------------------------------------------------------------- generation, token by token
+
+
+def generate_steps(model, tokenizer, prompt: str, max_new_tokens: int = 40, temperature: float = 1.0,
+                   top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+                   alternatives: int = 5):
+    """Checks the settings and returns an iterator over the generated tokens, each with the
+    model's probability for it (softmax of its logits, before sampling settings) and the most
+    likely alternatives. Arguments are checked before the first token is produced."""
+    import codecs
+
+    from andrea.generate import TextGenerator, stream_ids
+
+    if isinstance(alternatives, bool) or not isinstance(alternatives, int) or alternatives < 1:
+        raise AndreaError(f"the number of alternatives must be an integer of at least 1, got {alternatives!r}.")
+    gen = TextGenerator(model, tokenizer)
+    seen: list[torch.Tensor] = []
+    ids = stream_ids(model, gen.encode_prompt(prompt), max_new_tokens, temperature, top_k, top_p, seed,
+                     on_step=lambda logits, tok: seen.append(logits))
+
+    def steps():
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        for tok in ids:
+            probs = torch.softmax(seen.pop().double(), dim=-1)
+            top = torch.topk(probs, min(alternatives, probs.numel()))
+            yield {"id": tok, "piece": tokenizer.id_to_piece(tok), "text": decoder.decode(tokenizer.token_bytes(tok)),
+                   "prob": float(probs[tok]),
+                   "alternatives": [{"id": int(i), "piece": tokenizer.id_to_piece(int(i)), "prob": float(p)}
+                                    for p, i in zip(top.values, top.indices)]}
+
+    return steps()
+
+
+def preset_parameter_groups(name: str) -> list[ParamGroup]:
+    """parameter_groups of a preset, counted on a model built without memory."""
+    from andrea.model import ANDREA
+
+    cfg = get_preset(name)
+    with torch.device("meta"):
+        return parameter_groups(ANDREA(cfg))
 
 
 # ---------------------------------------------------------------- export
@@ -515,8 +737,11 @@ def plot_map(points: list[dict], explained, path, title: str) -> Path:
     fontsize = 9 if len(points) <= 60 else 7
     for p in points:
         ax.annotate(p["label"], (p["x"], p["y"]), textcoords="offset points", xytext=(3, 3), fontsize=fontsize)
-    ax.set_xlabel(f"PC 1 ({100 * explained[0]:.1f}% of variance)")
-    ax.set_ylabel(f"PC 2 ({100 * explained[1]:.1f}% of variance)")
+    if explained is not None:
+        ax.set_xlabel(f"PC 1 ({100 * explained[0]:.1f}% of variance)")
+        ax.set_ylabel(f"PC 2 ({100 * explained[1]:.1f}% of variance)")
+    else:
+        ax.set_xlabel("t-SNE 1"), ax.set_ylabel("t-SNE 2")
     ax.axhline(0, color="0.85", lw=0.8), ax.axvline(0, color="0.85", lw=0.8)
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.2)

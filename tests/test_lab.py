@@ -15,24 +15,33 @@ from andrea.checkpoint import save_checkpoint
 from andrea.cli import main
 from andrea.config import ModelConfig, get_preset
 from andrea.errors import AndreaError
+from andrea.generate import generate_ids
 from andrea.lab import (
     ByteTokenizer,
+    attention,
+    attention_pattern,
     compare,
     cosine_matrix,
     forward_matrix,
+    generate_steps,
+    lens_logits,
     load_subject,
+    logit_lens,
     lookup,
     map_points,
     nearest,
     neighbors,
     parameter_groups,
     pca_2d,
+    plane_coords,
     plot_map,
     plot_parameter_groups,
     plot_position_similarity,
     positions,
     show_tokens,
     similarity_at_distances,
+    similarity_by_distance,
+    tsne_2d,
     vector_stats,
     write_projector,
 )
@@ -125,7 +134,7 @@ def test_neighbors_are_ordered_by_the_chosen_metric(model, tok):
     r = neighbors(model, tok, " cat", k=3)
     assert CAT not in [n["id"] for n in r["neighbors"]]
     assert r["neighbors"][0]["piece"] == " pet"
-    with pytest.raises(AndreaError, match="-k"):
+    with pytest.raises(AndreaError, match="k must be an integer of at least 1"):
         nearest(m, m[CAT], k=0)
 
 
@@ -138,20 +147,53 @@ def test_neighbors_of_the_output_head(model, tok):
     assert next(n["score"] for n in inp if n["id"] == CAT) == pytest.approx(0.96)  # but not in the input table
 
 
+def test_plane_coordinates_keep_lengths_and_the_angle():
+    u, v = np.array([3.0, 4, 0, 0]), np.array([4.0, 3, 0, 0])
+    r = plane_coords(u, v)  # v·e1 = 24/5 = 4.8, and 4.8² + 1.4² = 25 = ‖v‖²
+    assert r["u"] == pytest.approx([5.0, 0.0]) and r["v"] == pytest.approx([4.8, 1.4])
+    rng = np.random.default_rng(1)
+    a, b = rng.normal(size=16), rng.normal(size=16)
+    pa, pb = (np.array(x) for x in plane_coords(a, b).values())
+    assert np.linalg.norm(pb) == pytest.approx(np.linalg.norm(b))
+    assert pa @ pb == pytest.approx(a @ b)
+
+
+def test_neighbors_limited_to_whole_words(model, tok):
+    set_row(model.wte.weight, CAT_BARE, [3, 4.1])  # the bare piece "cat" would be the nearest of all
+    set_row(model.wte.weight, ING, [3, 3.9])
+    every = neighbors(model, tok, "cat", k=3)["neighbors"]
+    assert every[0]["id"] in (CAT_BARE, ING)
+    whole = neighbors(model, tok, "cat", k=model.config.vocab_size, whole_words=True)
+    pieces = [n["piece"] for n in whole["neighbors"]]
+    assert sorted(pieces) == sorted([" dog", " pet", " Tuesday", " the", " walk"])  # not "cat", "ing" or bytes
+    assert whole["whole_words"] and whole["neighbors"][0]["piece"] == " pet"
+    assert whole["norm"] == pytest.approx(5.0)
+
+
 # ---------------------------------------------------------------- lookups
 
 
-def test_lookup_as_typed_then_with_a_space_then_mean(model, tok):
+def test_a_typed_word_is_looked_up_in_its_word_initial_form(model, tok):
     V = model.config.vocab_size
-    assert lookup(tok, " cat", V).ids == [CAT]
-    assert lookup(tok, "cat", V).ids == [CAT_BARE]  # "cat" is a token of its own
-    dog = lookup(tok, "dog", V)  # only " dog" is
-    assert dog.ids == [DOG] and "leading space" in dog.note
-    walking = lookup(tok, " walking", V)
-    assert walking.ids == [WALK, ING] and not walking.single
+    cat = lookup(tok, "cat", V)  # the word, as in running text: " cat", not the bare piece "cat"
+    assert cat.ids == [CAT] and cat.form == "word-initial" and cat.text == " cat" and cat.note is None
+    bare = lookup(tok, "cat", V, bare=True)  # asked for: the bare piece
+    assert bare.ids == [CAT_BARE] and bare.form == "bare" and bare.text == "cat"
+    typed = lookup(tok, " cat", V, bare=True)  # a leading space typed is kept whatever the option
+    assert typed.ids == [CAT] and typed.form == "as typed"
+    dog = lookup(tok, "dog", V)
+    assert dog.ids == [DOG] and dog.form == "word-initial"
+    # "dog" has no bare token: asked for bare, it splits into its bytes
+    assert lookup(tok, "dog", V, bare=True).ids == list(b"dog")
+    walking = lookup(tok, "walking", V)
+    assert walking.ids == [WALK, ING] and not walking.single and walking.form == "word-initial"
     assert "not a single token" in walking.note and "␣walk + ing" in walking.note
     assert walking.label == "␣walking (mean of 2)"
-    assert lookup(tok, "#3", V).pieces == ["<0x03>"]
+    ing = lookup(tok, "ing", V)  # " ing" splits; the note points at the bare piece, which is one token
+    assert ing.ids == [32, ING] and f"id {ING}" in ing.note and "bare" in ing.note
+    assert lookup(tok, "ing", V, bare=True).ids == [ING]
+    hash3 = lookup(tok, "#3", V)
+    assert hash3.pieces == ["<0x03>"] and hash3.form == "id"
     with pytest.raises(AndreaError, match="out of range"):
         lookup(tok, f"#{V}", V)
     with pytest.raises(AndreaError, match="empty"):
@@ -216,6 +258,95 @@ def test_forward_matrix_refuses_text_longer_than_the_context(model):
         forward_matrix(model, [97] * 17)
 
 
+# ---------------------------------------------------------------- attention and the logit lens
+
+
+def hand_set_attention_model() -> ANDREA:
+    """One layer, two heads of size 4, no positions. ␣cat = (1,-1,1,-1, 1,-1,1,-1) and
+    ␣dog = (1,1,-1,-1, 1,1,-1,-1) have mean 0 and variance 1, so ln_1 leaves them as they are
+    (up to its eps); wq = wk = I. Head 1: q·k is 4 for the same token and 0 for the other, over
+    sqrt(4) = 2. Head 2: its keys are zeroed, so every score is 0 and it attends evenly."""
+    m = tiny_model("none")
+    with torch.no_grad():
+        m.wte.weight[CAT] = torch.tensor([1.0, -1, 1, -1, 1, -1, 1, -1])
+        m.wte.weight[DOG] = torch.tensor([1.0, 1, -1, -1, 1, 1, -1, -1])
+        eye = torch.eye(D)
+        m.h[0].attn.wq.weight.copy_(eye)
+        m.h[0].attn.wk.weight.copy_(eye)
+        m.h[0].attn.wk.weight[4:] = 0
+    return m
+
+
+def test_attention_pattern_matches_the_hand_computed_softmax(tok):
+    m = hand_set_attention_model()
+    r = attention(m, tok, " cat dog cat", bos=False)
+    assert r["ids"] == [CAT, DOG, CAT] and r["pieces"] == [" cat", " dog", " cat"]
+    assert r["patterns"].shape == (1, 2, 3, 3)
+    e2 = math.exp(2)
+    head1 = [[1, 0, 0],
+             [1 / (1 + e2), e2 / (1 + e2), 0],
+             [e2 / (2 * e2 + 1), 1 / (2 * e2 + 1), e2 / (2 * e2 + 1)]]
+    np.testing.assert_allclose(r["patterns"][0, 0], head1, atol=1e-4)
+    np.testing.assert_allclose(r["patterns"][0, 1], [[1, 0, 0], [1 / 2, 1 / 2, 0], [1 / 3, 1 / 3, 1 / 3]], atol=1e-6)
+
+
+@pytest.mark.parametrize("pos", ["learned", "rope"])
+def test_attention_pattern_is_what_the_layer_uses(pos):
+    """Weights times values, through wo, give the attention layer's own output (rope included)."""
+    m = tiny_model(pos, seed=3)
+    attn = m.h[0].attn
+    with torch.no_grad():
+        x = m.embed(torch.tensor([[256, 257, 258, 259, 3, 4]]))
+        h = m.h[0].ln_1(x)
+        w = attention_pattern(attn, h, m.rope)
+        assert torch.allclose(w.sum(-1), torch.ones(1, 2, 6)) and not w.triu(1).any()
+        v = attn.wv(h).view(1, 6, 2, D // 2).transpose(1, 2)
+        y = attn.wo((w @ v).transpose(1, 2).reshape(1, 6, D))
+        torch.testing.assert_close(y, attn(h, m.rope), atol=1e-6, rtol=1e-5)
+
+
+def test_the_lens_after_the_last_block_is_the_models_own_logits(model, tok):
+    ids = tok.encode(" cat dog the walk", bos=True)
+    lens = lens_logits(model, ids)
+    assert lens.shape == (2, len(ids), model.config.vocab_size)  # after the embedding, after block 1
+    with torch.no_grad():
+        logits, _ = model(torch.tensor([ids]))
+        first = model.lm_head(model.ln_f(model.embed(torch.tensor([ids]))))
+    torch.testing.assert_close(lens[-1], logits[0])
+    torch.testing.assert_close(lens[0], first[0])
+    r = logit_lens(model, tok, " cat dog the walk", k=3)
+    assert r["stages"] == ["embedding", "block 1"] and len(r["lens"][1]) == len(ids)
+    probs = torch.softmax(logits[0].double(), -1)
+    last = r["lens"][-1]
+    for t, cell in enumerate(last):
+        assert [p["id"] for p in cell["top"]] == torch.topk(probs[t], 3).indices.tolist()
+        assert cell["top"][0]["prob"] == pytest.approx(float(probs[t].max()))
+        if t + 1 < len(ids):
+            assert cell["next_prob"] == pytest.approx(float(probs[t, ids[t + 1]]))
+    assert last[-1]["next_prob"] is None
+    with pytest.raises(AndreaError, match="context is 16"):
+        logit_lens(model, tok, "x" * 20)
+    with pytest.raises(AndreaError, match="empty"):
+        attention(model, tok, "")
+
+
+def test_generated_steps_carry_their_probability_and_alternatives(model, tok):
+    steps = list(generate_steps(model, tok, " cat", max_new_tokens=6, temperature=0.9, top_k=20, seed=5, alternatives=4))
+    # the same tokens as plain generation with the same settings
+    assert [s["id"] for s in steps] == generate_ids(model, tok.encode(" cat"), 6, 0.9, 20, None, 5)
+    ids = tok.encode(" cat")
+    for s in steps:
+        with torch.no_grad():
+            probs = torch.softmax(model(torch.tensor([ids]))[0][0, -1].double(), -1)
+        assert s["prob"] == pytest.approx(float(probs[s["id"]]))
+        assert [a["id"] for a in s["alternatives"]] == torch.topk(probs, 4).indices.tolist()
+        ids.append(s["id"])
+    greedy = list(generate_steps(model, tok, " cat", max_new_tokens=3, temperature=0))
+    assert all(s["id"] == s["alternatives"][0]["id"] for s in greedy)
+    with pytest.raises(AndreaError, match="temperature"):
+        generate_steps(model, tok, " cat", temperature=-1)
+
+
 # ---------------------------------------------------------------- positions
 
 
@@ -268,8 +399,28 @@ def test_map_of_words_and_of_the_top_segments(model, tok):
     r = map_points(model, tok, [" cat", " dog", " walking"])
     assert [p["label"] for p in r["points"]] == ["␣cat", "␣dog", "␣walking (mean of 2)"]
     assert len(map_points(model, tok, top=5)["points"]) == 5
-    with pytest.raises(AndreaError, match="--top"):
+    with pytest.raises(AndreaError, match="words to map"):
         map_points(model, tok)
+    with pytest.raises(AndreaError, match="method"):
+        map_points(model, tok, top=5, method="umap")
+
+
+def test_tsne_keeps_clusters_together():
+    rng = np.random.default_rng(0)
+    centres = rng.normal(size=(3, 8)) * 10
+    points = np.concatenate([c + rng.normal(size=(10, 8)) * 0.1 for c in centres])
+    coords = tsne_2d(points)
+    assert coords.shape == (30, 2)
+    dist = np.linalg.norm(coords[:, None] - coords[None], axis=-1) + np.eye(30) * 1e9
+    assert (dist.argmin(axis=1) // 10 == np.arange(30) // 10).all()  # each point's nearest is in its cluster
+    np.testing.assert_allclose(tsne_2d(points), coords)  # seeded
+    with pytest.raises(AndreaError, match="three"):
+        tsne_2d(points[:2])
+
+
+def test_similarity_by_distance_is_the_mean_of_each_diagonal():
+    sim = np.array([[1.0, 0.5, 0.1], [0.5, 1.0, 0.3], [0.1, 0.3, 1.0]])
+    assert similarity_by_distance(sim) == pytest.approx([0.4, 0.1])
 
 
 def test_parameter_groups_reproduce_the_specification():
@@ -362,6 +513,54 @@ def test_cli_pictures(checkpoint, capsys, tmp_path, monkeypatch):
     pngs = list(tmp_path.glob("embed-map-*.png"))
     assert len(pngs) == 1
     assert_png(pngs[0])
+
+
+def test_cli_words_in_their_word_initial_form(checkpoint, capsys):
+    code, out, _ = run(capsys, "embed", "neighbors", "cat", "-k", "2", "--checkpoint", str(checkpoint))
+    assert code == 0 and f"token {CAT} ␣cat (the word-initial form" in out
+    code, out, _ = run(capsys, "embed", "neighbors", "cat", "--bare", "--checkpoint", str(checkpoint), "--json")
+    r = json.loads(out)
+    assert r["word"]["form"] == "bare" and r["word"]["ids"] == [CAT_BARE]
+    code, out, _ = run(capsys, "embed", "neighbors", "cat", "--whole-words", "-k", "50", "--checkpoint", str(checkpoint), "--json")
+    r = json.loads(out)
+    assert r["whole_words"] and len(r["neighbors"]) == 5 and all(n["piece"].startswith(" ") for n in r["neighbors"])
+    code, out, _ = run(capsys, "embed", "compare", "cat", "Tuesday", "--checkpoint", str(checkpoint), "--json")
+    r = json.loads(out)
+    assert r["a"]["form"] == r["b"]["form"] == "word-initial" and r["b"]["ids"] == [TUESDAY]
+    assert r["input"]["dot"] == pytest.approx(0.0) and r["input"]["plane"]["u"] == pytest.approx([5.0, 0.0])
+
+
+def test_cli_attention_and_lens(tok, tmp_path, capsys):
+    m = hand_set_attention_model()
+    path = save_checkpoint(tmp_path / "att.safetensors", m.config, m.state_dict(), meta={"tokenizer": tok.to_dict()})
+    code, out, _ = run(capsys, "embed", "attention", " cat dog cat", "--no-bos", "--checkpoint", str(path))
+    assert code == 0 and "layer 1, head 1" in out and "layer 1, head 2" in out
+    e2 = math.exp(2)
+    row = next(line for line in out.splitlines() if line.startswith("1:␣dog"))
+    assert row.split()[1:3] == [f"{100 / (1 + e2):.0f}", f"{100 * e2 / (1 + e2):.0f}"]  # 12 and 88
+    code, out, _ = run(capsys, "embed", "attention", " cat dog cat", "--no-bos", "--head", "2", "--checkpoint", str(path), "--json")
+    r = json.loads(out)
+    assert np.array(r["patterns"]).shape == (1, 2, 3, 3) and r["patterns"][0][1][2] == pytest.approx([1 / 3] * 3, abs=1e-6)
+    code, _, err = run(capsys, "embed", "attention", " cat", "--head", "3", "--checkpoint", str(path))
+    assert code == 2 and "no head 3" in err
+    code, out, _ = run(capsys, "embed", "lens", " cat dog", "-k", "2", "--checkpoint", str(path))
+    assert code == 0 and "embedding" in out and "block 1" in out and "position 2: ␣dog" in out
+    code, out, _ = run(capsys, "embed", "lens", " cat dog", "-k", "2", "--checkpoint", str(path), "--json")
+    r = json.loads(out)
+    with torch.no_grad():
+        logits, _ = m(torch.tensor([r["ids"]]))
+    assert [c["top"][0]["id"] for c in r["lens"][-1]] == logits[0].argmax(-1).tolist()
+    code, _, err = run(capsys, "embed", "lens", " cat", "-k", "0", "--checkpoint", str(path))
+    assert code == 2 and "-k must be at least 1" in err
+
+
+def test_library_errors_name_arguments_not_flags(model, tok):
+    for call in (lambda: load_subject(), lambda: load_subject(checkpoint="x", preset="y"),
+                 lambda: map_points(model, tok), lambda: map_points(model, tok, top=1),
+                 lambda: neighbors(model, tok, " cat", k=0), lambda: logit_lens(model, tok, " cat", k=0)):
+        with pytest.raises(AndreaError) as e:
+            call()
+        assert "--" not in str(e.value) and not str(e.value).startswith("-")
 
 
 def test_cli_positions_explains_schemes_without_a_table(capsys, tmp_path, monkeypatch):

@@ -8,9 +8,27 @@ from pathlib import Path
 from andrea.cli.common import print_json
 
 
+def check_source(args) -> None:
+    """The library speaks of a checkpoint and a preset; the command names its flags."""
+    from andrea.errors import AndreaError
+
+    if args.checkpoint and args.preset:
+        raise AndreaError("give either --checkpoint or --preset, not both.")
+    if not args.checkpoint and not args.preset:
+        raise AndreaError("give --checkpoint PATH (a trained model) or --preset NAME (a freshly initialised one).")
+
+
+def check_positive(value, flag: str) -> None:
+    from andrea.errors import AndreaError
+
+    if value is not None and value < 1:
+        raise AndreaError(f"{flag} must be at least 1, got {value}.")
+
+
 def _subject(args, meta: bool = False):
     from andrea.lab import load_subject
 
+    check_source(args)
     return load_subject(args.checkpoint, args.preset, args.seed, args.tokenizer, meta=meta)
 
 
@@ -25,11 +43,13 @@ def _header(subject, lookups: bool = True) -> None:
 
 
 def _describe(lk: dict) -> str:
-    from andrea.lab import show_piece
+    from andrea.lab import FORM_NOTES, show_piece
 
+    form = "" if lk["form"] in ("id", "as typed") else f" ({FORM_NOTES[lk['form']]})"
     if lk["single"]:
-        return f"{lk['query']!r} → token {lk['ids'][0]} {show_piece(lk['pieces'][0])}"
-    return f"{lk['query']!r} → mean of {len(lk['ids'])} tokens " + " + ".join(show_piece(p) for p in lk["pieces"])
+        return f"{lk['query']!r} → token {lk['ids'][0]} {show_piece(lk['pieces'][0])}{form}"
+    return (f"{lk['query']!r} → {show_piece(lk['text'])}{form}, mean of {len(lk['ids'])} tokens "
+            + " + ".join(show_piece(p) for p in lk["pieces"]))
 
 
 def _notes(*lks: dict) -> None:
@@ -94,7 +114,7 @@ def cmd_compare(args) -> int:
     from andrea.lab import compare
 
     subject = _subject(args)
-    r = compare(subject.model, subject.tokenizer, args.a, args.b)
+    r = compare(subject.model, subject.tokenizer, args.a, args.b, bare=args.bare)
     if args.json:
         print_json({"model": subject.name, **r})
         return 0
@@ -116,8 +136,10 @@ def cmd_compare(args) -> int:
 def cmd_neighbors(args) -> int:
     from andrea.lab import neighbors, show_piece
 
+    check_positive(args.k, "-k")
     subject = _subject(args)
-    r = neighbors(subject.model, subject.tokenizer, args.word, args.k, args.metric, args.table)
+    r = neighbors(subject.model, subject.tokenizer, args.word, args.k, args.metric, args.table, args.bare,
+                  args.whole_words)
     if args.json:
         print_json({"model": subject.name, **r})
         return 0
@@ -125,7 +147,8 @@ def cmd_neighbors(args) -> int:
     _notes(r["word"])
     name = "input table (wte)" if args.table == "input" else "output head (lm_head)"
     by = "cos θ" if args.metric == "cos" else "dot product u·v"
-    print(f"nearest to {_describe(r['word'])}, in the {name}, by {by}:")
+    among = ", among whole-word tokens" if args.whole_words else ""
+    print(f"nearest to {_describe(r['word'])}, in the {name}{among}, by {by} (row norm {r['norm']:.4f}):")
     for rank, n in enumerate(r["neighbors"], 1):
         print(f"{rank:>4}  {n['id']:>6}  {show_piece(n['piece']):<20}  {n['score']:+.4f}")
     return 0
@@ -169,12 +192,15 @@ def cmd_map(args) -> int:
 
     if args.words and args.top:
         raise AndreaError("give either words or --top N, not both.")
+    if not args.words and not args.top:
+        raise AndreaError("give the words to map, or --top N for the N most used segments.")
+    check_positive(args.top, "--top")
     subject = _subject(args)
-    r = map_points(subject.model, subject.tokenizer, args.words, args.top, args.table)
+    r = map_points(subject.model, subject.tokenizer, args.words, args.top, args.table, args.bare, args.method)
     what = f"{len(r['points'])} chosen tokens" if args.words else f"the {len(r['points'])} most used segments"
     table_name = "input table (wte)" if args.table == "input" else "output head (lm_head)"
-    png = plot_map(r["points"], r["explained"], _png_path(args, subject, "map"),
-                   f"{subject.name}\n{what}, {table_name}, first two principal components")
+    how = "first two principal components" if args.method == "pca" else "t-SNE (axes carry no meaning)"
+    png = plot_map(r["points"], r["explained"], _png_path(args, subject, "map"), f"{subject.name}\n{what}, {table_name}, {how}")
     if args.json:
         print_json({"model": subject.name, **r, "png": str(png)})
         return 0
@@ -182,8 +208,11 @@ def cmd_map(args) -> int:
     for p in r["points"]:
         if p["note"]:
             print(f"note: {p['note']}")
-    print(f"PCA of {what} in the {table_name}: PC 1 explains {100 * r['explained'][0]:.1f}% of the variance, "
-          f"PC 2 {100 * r['explained'][1]:.1f}%")
+    if args.method == "pca":
+        print(f"PCA of {what} in the {table_name}: PC 1 explains {100 * r['explained'][0]:.1f}% of the variance, "
+              f"PC 2 {100 * r['explained'][1]:.1f}%")
+    else:
+        print(f"t-SNE of {what} in the {table_name} (near points are near neighbours; the axes carry no meaning)")
     for p in r["points"]:
         print(f"  {p['label']:<24} {p['x']:+8.4f} {p['y']:+8.4f}")
     print(f"picture: {png}")
@@ -231,6 +260,72 @@ def cmd_forward(args) -> int:
               f"{row['position_norm']:>15.4f}  {row['sum_norm']:>8.4f}")
     if args.save:
         print(f"saved x ({T} × {d}, float32) to {args.save}")
+    return 0
+
+
+# ---------------------------------------------------------------- embed attention
+
+
+def attention_json(r: dict) -> dict:
+    """The attention result as JSON: patterns as nested lists [layer][head][query][key]."""
+    return {"ids": r["ids"], "pieces": r["pieces"], "layers": r["layers"], "heads": r["heads"],
+            "patterns": r["patterns"].round(6).tolist()}
+
+
+def cmd_attention(args) -> int:
+    from andrea.lab import attention, show_piece
+
+    subject = _subject(args)
+    r = attention(subject.model, subject.tokenizer, args.text, bos=not args.no_bos)
+    if args.json:
+        print_json({"model": subject.name, **attention_json(r)})
+        return 0
+    _header(subject)
+    labels = [f"{t}:{show_piece(p)}" for t, p in enumerate(r["pieces"])]
+    w = max(len(x) for x in labels)
+    print(f"{len(labels)} tokens, {r['layers']} layers × {r['heads']} heads; row i: how much position i attends to "
+          "each position j <= i, in percent (rows sum to 100)")
+    layers = args.layers_shown or list(range(r["layers"]))
+    heads = args.head or list(range(r["heads"]))
+    for v, what, n in [(v, "layer", r["layers"]) for v in layers] + [(v, "head", r["heads"]) for v in heads]:
+        if v >= n:
+            from andrea.errors import AndreaError
+
+            raise AndreaError(f"there is no {what} {v + 1}: the model has {n} {what}s.")
+    for layer in range(r["layers"]):
+        for head in range(r["heads"]):
+            if layer in layers and head in heads:
+                print(f"\nlayer {layer + 1}, head {head + 1}")
+                print(" " * w + "  " + " ".join(f"{t:>4}" for t in range(len(labels))))
+                for i, lab in enumerate(labels):
+                    row = r["patterns"][layer, head, i]
+                    print(f"{lab:<{w}}  " + " ".join(f"{100 * row[j]:>4.0f}" if j <= i else "   ." for j in range(len(labels))))
+    return 0
+
+
+# ---------------------------------------------------------------- embed lens
+
+
+def cmd_lens(args) -> int:
+    from andrea.lab import logit_lens, show_piece
+
+    check_positive(args.k, "-k")
+    subject = _subject(args)
+    r = logit_lens(subject.model, subject.tokenizer, args.text, args.k, bos=not args.no_bos)
+    if args.json:
+        print_json({"model": subject.name, **r})
+        return 0
+    _header(subject)
+    print("the logit lens: the final norm and the head applied to the residual stream after each stage; "
+          f"the top {args.k} next-token predictions at each position (probability in percent)")
+    for t, piece in enumerate(r["pieces"]):
+        nxt = f", next in the prompt: {show_piece(r['pieces'][t + 1])}" if t + 1 < len(r["pieces"]) else ""
+        print(f"\nposition {t}: {show_piece(piece)}{nxt}")
+        for stage, row in zip(r["stages"], r["lens"]):
+            cell = row[t]
+            preds = "  ".join(f"{show_piece(p['piece'])} {100 * p['prob']:.1f}" for p in cell["top"])
+            own = f"   (next: {100 * cell['next_prob']:.1f})" if cell["next_prob"] is not None else ""
+            print(f"  {stage:<10} {preds}{own}")
     return 0
 
 
@@ -296,14 +391,29 @@ def _common() -> argparse.ArgumentParser:
     return p
 
 
-WORD_HELP = "a token or word: text as typed, else with a leading space, else the mean of its tokens' rows; #ID for an id"
+WORD_HELP = ("a word, looked up in its word-initial form (with the leading space it has in running text) unless "
+             "--bare; text starting with a space is looked up as typed; #ID names a token; a text of several tokens "
+             "stands for the mean of their rows")
+BARE_HELP = "look words up as the bare piece typed, without the leading space a word has in running text"
+
+
+def _layers(value: str) -> list[int]:
+    try:
+        out = [int(v) - 1 for v in value.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers from 1 separated by commas, got {value!r}") from None
+    if any(v < 0 for v in out):
+        raise argparse.ArgumentTypeError(f"layers and heads count from 1, got {value!r}")
+    return out
 
 
 def register(sub) -> None:
     common = _common()
     p = sub.add_parser("embed", help="look inside the embedding layer: tables, rows, similarities, positions",
                        description="Inspect the token embedding (wte), the position embedding (wpe) and the untied "
-                                   "output head (lm_head) of a checkpoint or a freshly initialised preset.")
+                                   "output head (lm_head) of a checkpoint or a freshly initialised preset, and what "
+                                   "the blocks do with a prompt (attention, the logit lens). `andrea lab` shows the "
+                                   "same in a browser.")
     esub = p.add_subparsers(dest="embed_command", metavar="ACTION", required=True)
 
     t = esub.add_parser("table", parents=[common], help="where the parameters live, as a table and a chart")
@@ -319,6 +429,7 @@ def register(sub) -> None:
                         "in the input table and in the output head")
     c.add_argument("a", help=WORD_HELP)
     c.add_argument("b", help=WORD_HELP)
+    c.add_argument("--bare", action="store_true", help=BARE_HELP)
     c.set_defaults(func=cmd_compare)
 
     n = esub.add_parser("neighbors", parents=[common], help="the tokens nearest to a token or word")
@@ -327,16 +438,22 @@ def register(sub) -> None:
     n.add_argument("--metric", choices=["cos", "dot"], default="cos", help="cos θ (default) or the dot product")
     n.add_argument("--table", choices=["input", "output"], default="input",
                    help="the input table wte (default) or the output head lm_head")
+    n.add_argument("--bare", action="store_true", help=BARE_HELP)
+    n.add_argument("--whole-words", action="store_true",
+                   help="list only whole-word tokens (a space followed by letters), not pieces, bytes or punctuation")
     n.set_defaults(func=cmd_neighbors)
 
     po = esub.add_parser("positions", parents=[common], help="similarity between positions, as a heatmap and figures")
     po.add_argument("--png", help="the heatmap's file (default embed-positions-<model>.png in the current folder)")
     po.set_defaults(func=cmd_positions)
 
-    m = esub.add_parser("map", parents=[common], help="a 2-D PCA scatter of chosen tokens, labelled")
+    m = esub.add_parser("map", parents=[common], help="a 2-D map (PCA or t-SNE) of chosen tokens or the most used ones, labelled")
     m.add_argument("words", nargs="*", metavar="WORD", help=WORD_HELP)
     m.add_argument("--top", type=int, help="map the N most used segments instead of chosen words")
     m.add_argument("--table", choices=["input", "output"], default="input", help="input (default) or output")
+    m.add_argument("--method", choices=["pca", "tsne"], default="pca",
+                   help="pca (default: a linear projection) or tsne (scikit-learn's t-SNE: keeps near neighbours near)")
+    m.add_argument("--bare", action="store_true", help=BARE_HELP)
     m.add_argument("--png", help="the picture's file (default embed-map-<model>.png in the current folder)")
     m.set_defaults(func=cmd_map)
 
@@ -345,6 +462,25 @@ def register(sub) -> None:
     f.add_argument("--no-bos", action="store_true", help="leave out the BOS token every document starts with")
     f.add_argument("--save", metavar="FILE.npy", help="write x (T × d, float32) to a .npy file")
     f.set_defaults(func=cmd_forward)
+
+    a = esub.add_parser("attention", parents=[common], help="every layer's and head's attention pattern on a prompt",
+                        description="The attention weights of every layer and head on a prompt (BOS first): row i "
+                                    "says how much position i attends to each earlier position j.")
+    a.add_argument("text", help="the prompt")
+    a.add_argument("--no-bos", action="store_true", help="leave out the BOS token every document starts with")
+    a.add_argument("--layer", dest="layers_shown", type=_layers, help="layers to print, from 1, comma-separated "
+                   "(default all; --json always holds all)")
+    a.add_argument("--head", type=_layers, help="heads to print, from 1, comma-separated (default all)")
+    a.set_defaults(func=cmd_attention)
+
+    ln = esub.add_parser("lens", parents=[common], help="the logit lens: top predictions after each block",
+                         description="Apply the final norm and the head to the residual stream after the embedding "
+                                     "and after each block, and print the top predictions at each position of a "
+                                     "prompt. After the last block this is the model's own prediction.")
+    ln.add_argument("text", help="the prompt")
+    ln.add_argument("-k", type=int, default=3, help="predictions per stage and position (default 3)")
+    ln.add_argument("--no-bos", action="store_true", help="leave out the BOS token every document starts with")
+    ln.set_defaults(func=cmd_lens)
 
     e = esub.add_parser("export", parents=[common], help="vectors.tsv and metadata.tsv for the TensorFlow Embedding Projector")
     e.add_argument("--projector", required=True, metavar="DIR", help="the folder to write the two files to")

@@ -1,0 +1,445 @@
+"""The lab's web server: a Starlette app over one loaded model, served by uvicorn.
+
+The page (static/index.html, lab.js, lab.css) and plotly's JavaScript bundle, taken from the
+installed plotly package, are read once at start-up and served from memory under fixed names, so
+no request names a file and the page needs no internet access. Every view is fed by a JSON
+endpoint under /api/ that calls the same `andrea.lab` functions the `andrea embed` commands print:
+
+    GET  /api/info         the model, its config, the presets, the limits below
+    POST /api/params       {"preset": null | NAME}                      where the parameters live
+    POST /api/token        {"word", "bare", "whole_words", "metric", "k"} lookup, norms, neighbours
+    POST /api/compare      {"a", "b", "bare"}                            dot, norms, cos, angle, plane
+    POST /api/map          {"words" | "top", "method", "table", "bare"}  2-D map
+    GET  /api/positions                                                  position similarity
+    POST /api/attention    {"prompt", "bos"}                             every layer × head pattern
+    POST /api/lens         {"prompt", "k", "bos"}                        the logit lens
+    POST /api/generate     {"prompt", "max_new_tokens", "temperature", "top_k", "top_p", "seed"}
+                           a stream of JSON lines, one per token, then {"done": ...}
+
+Bad input (a body that is not a JSON object, an unknown field, a value of the wrong type or out of
+range, an oversized prompt, a word the library refuses) gets status 400 and {"error": sentence};
+an unknown path 404, a wrong method 405, an oversized body 413, all as JSON. A failure in the
+server itself gets 500 with one line on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+import sys
+import threading
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from andrea import lab
+from andrea.config import PRESETS
+from andrea.errors import AndreaError
+
+MAX_BODY = 16_384  # bytes of a request body
+MAX_PROMPT_CHARS = 2_000
+MAX_WORD_CHARS = 100
+MAX_WORDS = 200  # words on one map
+MAX_TOP = 2_000  # most used segments on one map (t-SNE: MAX_TSNE)
+MAX_TSNE = 500
+MAX_K = 200  # neighbours, lens predictions
+MAX_ATTENTION_TOKENS = 64  # every layer × head × T² weights go to the page
+MAX_LENS_TOKENS = 128
+MAX_NEW_TOKENS = 500
+MAX_HEATMAP = 256  # position rows drawn; longer tables are sampled evenly
+LESSON_PAIRS = [["cat", "dog"], ["cat", "Tuesday"]]
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.message, self.status = message, status
+
+
+# ---------------------------------------------------------------- reading a request's fields
+
+
+class Fields:
+    """The fields of one JSON request body, each read with its type and range checked."""
+
+    def __init__(self, body: dict, allowed: set[str]):
+        unknown = sorted(set(body) - allowed)
+        if unknown:
+            raise BadRequest(f"unknown field {unknown[0]!r}; this endpoint takes {', '.join(sorted(allowed)) or 'no fields'}.")
+        self.body = body
+
+    def text(self, name: str, limit: int, default=None, required: bool = True) -> str | None:
+        v = self.body.get(name, default)
+        if v is None and not required:
+            return None
+        if not isinstance(v, str) or v == "":
+            raise BadRequest(f"{name} must be a non-empty string.")
+        if len(v) > limit:
+            raise BadRequest(f"{name} is {len(v):,} characters; the lab takes at most {limit:,}.")
+        return v
+
+    def flag(self, name: str, default: bool = False) -> bool:
+        v = self.body.get(name, default)
+        if not isinstance(v, bool):
+            raise BadRequest(f"{name} must be true or false, got {v!r}.")
+        return v
+
+    def integer(self, name: str, default, lo: int, hi: int, optional: bool = False) -> int | None:
+        v = self.body.get(name, default)
+        if v is None and optional:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise BadRequest(f"{name} must be an integer from {lo:,} to {hi:,}, got {json.dumps(v)}.")
+        return v
+
+    def number(self, name: str, default, lo: float, hi: float, lo_open: bool = False, optional: bool = False) -> float | None:
+        v = self.body.get(name, default)
+        if v is None and optional:
+            return None
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v <= hi
+        ok = ok and (v > lo if lo_open else v >= lo)
+        if not ok:
+            span = f"({lo}, {hi}]" if lo_open else f"[{lo}, {hi}]"
+            raise BadRequest(f"{name} must be a number in {span}, got {json.dumps(v)}.")
+        return float(v)
+
+    def choice(self, name: str, default: str, choices) -> str:
+        v = self.body.get(name, default)
+        if v not in choices:
+            raise BadRequest(f"{name} must be one of {', '.join(choices)}, got {json.dumps(v)}.")
+        return v
+
+
+def _round(a, digits: int = 6):
+    return np.round(np.asarray(a, dtype=np.float64), digits).tolist()
+
+
+# ---------------------------------------------------------------- the views, as plain functions of a subject
+
+
+class LabViews:
+    """What each endpoint computes, given the parsed body: plain dicts, ready for JSON."""
+
+    def __init__(self, subject: lab.Subject):
+        self.subject = subject
+        self.model, self.tok = subject.model, subject.tokenizer
+        self.cfg = subject.model.config
+
+    def info(self, f: Fields) -> dict:
+        cfg = self.cfg
+        whole = lab.whole_word_mask(self.tok, cfg.vocab_size)
+        # the most used whole words (segments are numbered most used first), for the word box's list
+        suggestions = [self.tok.id_to_piece(int(i))[1:] for i in np.flatnonzero(whole)[:400]]
+        return {"model": self.subject.name, "config": cfg.to_dict(), "params": self.model.num_params(),
+                "tokenizer_note": self.subject.tokenizer_note, "presets": list(PRESETS),
+                "lesson_pairs": LESSON_PAIRS, "suggestions": suggestions,
+                "limits": {"prompt_chars": MAX_PROMPT_CHARS, "attention_tokens": MAX_ATTENTION_TOKENS,
+                           "lens_tokens": MAX_LENS_TOKENS, "new_tokens": MAX_NEW_TOKENS, "k": MAX_K,
+                           "words": MAX_WORDS, "top": MAX_TOP, "tsne": MAX_TSNE}}
+
+    def params(self, f: Fields) -> dict:
+        preset = f.body.get("preset")
+        if preset is None:
+            groups, name = lab.parameter_groups(self.model), self.subject.name
+        else:
+            preset = f.choice("preset", None, list(PRESETS))
+            groups, name = lab.preset_parameter_groups(preset), preset
+        return {"name": name, "rows": [{"name": g.name, "shape": g.shape, "count": g.count, "share": g.share, "part": g.part}
+                                       for g in groups]}
+
+    def token(self, f: Fields) -> dict:
+        word = f.text("word", MAX_WORD_CHARS)
+        bare, whole = f.flag("bare"), f.flag("whole_words")
+        metric = f.choice("metric", "cos", lab.METRICS)
+        k = f.integer("k", 10, 1, MAX_K)
+        out = {}
+        for which in lab.TABLES:
+            out[which] = lab.neighbors(self.model, self.tok, word, k, metric, which, bare, whole)
+        return {"word": out["input"]["word"], "metric": metric, "whole_words": whole,
+                "norms": {w: out[w]["norm"] for w in lab.TABLES},
+                "neighbors": {w: out[w]["neighbors"] for w in lab.TABLES}}
+
+    def compare(self, f: Fields) -> dict:
+        a, b = f.text("a", MAX_WORD_CHARS), f.text("b", MAX_WORD_CHARS)
+        return lab.compare(self.model, self.tok, a, b, f.flag("bare"))
+
+    def map(self, f: Fields) -> dict:
+        method = f.choice("method", "pca", lab.MAP_METHODS)
+        which = f.choice("table", "input", lab.TABLES)
+        bare = f.flag("bare")
+        words = f.body.get("words")
+        if words is not None:
+            if not isinstance(words, list) or not all(isinstance(w, str) and 0 < len(w) <= MAX_WORD_CHARS for w in words):
+                raise BadRequest(f"words must be a list of non-empty strings of at most {MAX_WORD_CHARS} characters.")
+            if not 2 <= len(words) <= MAX_WORDS:
+                raise BadRequest(f"a map takes 2 to {MAX_WORDS} words, got {len(words)}.")
+            if "top" in f.body:
+                raise BadRequest("give either words or top, not both.")
+            return lab.map_points(self.model, self.tok, words, None, which, bare, method)
+        top = f.integer("top", 200, 2, MAX_TSNE if method == "tsne" else MAX_TOP)
+        return lab.map_points(self.model, self.tok, None, top, which, bare, method)
+
+    def positions(self, f: Fields) -> dict:
+        r = lab.positions(self.model)
+        out = {"scheme": r["scheme"], "note": r["note"], "table": r["table"]}
+        if r["table"] is not None:
+            sim = r["similarity"]
+            step = max(1, math.ceil(len(sim) / MAX_HEATMAP))
+            at = np.arange(0, len(sim), step)
+            out.update(positions=r["positions"], norm_mean=r["norm_mean"], similarity_at=r["similarity_at"],
+                       heatmap_positions=at.tolist(), heatmap=_round(sim[np.ix_(at, at)], 4),
+                       by_distance=_round(lab.similarity_by_distance(sim), 6))
+        return out
+
+    def _prompt(self, f: Fields, limit_tokens: int) -> tuple[str, bool]:
+        prompt, bos = f.text("prompt", MAX_PROMPT_CHARS), f.flag("bos", True)
+        n = len(self.tok.encode(prompt, bos=bos))
+        limit = min(limit_tokens, self.cfg.block_size)
+        if n > limit:
+            raise BadRequest(f"the prompt is {n} tokens; this view takes at most {limit}. Give a shorter prompt.")
+        return prompt, bos
+
+    def attention(self, f: Fields) -> dict:
+        prompt, bos = self._prompt(f, MAX_ATTENTION_TOKENS)
+        r = lab.attention(self.model, self.tok, prompt, bos)
+        return {"ids": r["ids"], "pieces": r["pieces"], "layers": r["layers"], "heads": r["heads"],
+                "patterns": _round(r["patterns"], 4)}
+
+    def lens(self, f: Fields) -> dict:
+        k = f.integer("k", 5, 1, 20)
+        prompt, bos = self._prompt(f, MAX_LENS_TOKENS)
+        return lab.logit_lens(self.model, self.tok, prompt, k, bos)
+
+    def generate(self, f: Fields):
+        prompt = f.text("prompt", MAX_PROMPT_CHARS)
+        settings = dict(
+            max_new_tokens=f.integer("max_new_tokens", 40, 1, MAX_NEW_TOKENS),
+            temperature=f.number("temperature", 1.0, 0.0, 10.0),
+            top_k=f.integer("top_k", None, 1, self.cfg.vocab_size, optional=True),
+            top_p=f.number("top_p", None, 0.0, 1.0, lo_open=True, optional=True),
+            seed=f.integer("seed", None, 0, 2**63 - 1, optional=True),
+            alternatives=f.integer("alternatives", 5, 1, 20),
+        )
+        return lab.generate_steps(self.model, self.tok, prompt, **settings)
+
+
+FIELDS = {
+    "info": set(),
+    "params": {"preset"},
+    "token": {"word", "bare", "whole_words", "metric", "k"},
+    "compare": {"a", "b", "bare"},
+    "map": {"words", "top", "method", "table", "bare"},
+    "positions": set(),
+    "attention": {"prompt", "bos"},
+    "lens": {"prompt", "k", "bos"},
+    "generate": {"prompt", "max_new_tokens", "temperature", "top_k", "top_p", "seed", "alternatives"},
+}
+
+
+# ---------------------------------------------------------------- the app
+
+
+def _asset_bytes() -> dict[str, tuple[bytes, str]]:
+    """Every file the page loads, by the one name it is served under."""
+    static = resources.files("andrea.web") / "static"
+    assets = {}
+    for name, kind in (("index.html", "text/html; charset=utf-8"), ("lab.js", "text/javascript; charset=utf-8"),
+                       ("lab.css", "text/css; charset=utf-8"), ("favicon.svg", "image/svg+xml")):
+        assets[name] = ((static / name).read_bytes(), kind)
+    import plotly
+
+    bundle = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+    try:
+        assets["plotly.min.js"] = (bundle.read_bytes(), "text/javascript; charset=utf-8")
+    except OSError:
+        raise AndreaError(f"plotly's JavaScript bundle is missing from the installed plotly package ({bundle}); "
+                          "reinstall plotly.") from None
+    return assets
+
+
+SECURITY_HEADERS = {
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    # everything comes from this server; plotly sets inline styles on the elements it draws
+    "Content-Security-Policy": "default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data: blob:; "
+                               "object-src 'none'; base-uri 'none'; frame-ancestors 'none'",
+}
+
+
+def _log(message: str) -> None:
+    print(f"andrea lab: {message}", file=sys.stderr, flush=True)
+
+
+def create_app(subject: lab.Subject, allowed_hosts=None):
+    """The Starlette app for one loaded model. allowed_hosts, when given, refuses requests whose
+    Host header is not in it (the CLI passes the loopback names when serving on loopback)."""
+    from starlette.applications import Starlette
+    from starlette.concurrency import run_in_threadpool
+    from starlette.exceptions import HTTPException
+    from starlette.middleware import Middleware
+    from starlette.middleware.trustedhost import TrustedHostMiddleware
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response, StreamingResponse
+    from starlette.routing import Route
+
+    views = LabViews(subject)
+    assets = _asset_bytes()
+
+    def error(message: str, status: int = 400) -> JSONResponse:
+        return JSONResponse({"error": message}, status_code=status, headers=SECURITY_HEADERS)
+
+    async def read_body(request: Request) -> dict:
+        if request.method == "GET":
+            if request.query_params:
+                raise BadRequest("this endpoint takes no query parameters.")
+            return {}
+        declared = request.headers.get("content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > MAX_BODY):
+            raise BadRequest(f"the request body is larger than {MAX_BODY:,} bytes.", 413)
+        raw = b""
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > MAX_BODY:
+                raise BadRequest(f"the request body is larger than {MAX_BODY:,} bytes.", 413)
+        if not raw.strip():
+            return {}
+        try:
+            body = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise BadRequest("the request body is not valid JSON.") from None
+        if not isinstance(body, dict):
+            raise BadRequest("the request body must be a JSON object.")
+        return body
+
+    def api(name: str, stream: bool = False):
+        compute = getattr(views, name)
+
+        async def endpoint(request: Request):
+            try:
+                fields = Fields(await read_body(request), FIELDS[name])
+                result = await run_in_threadpool(compute, fields)
+            except BadRequest as e:
+                return error(e.message, e.status)
+            except AndreaError as e:
+                return error(str(e))
+            except Exception as e:  # a fault of the server, not of the request: one line, no traceback
+                _log(f"{name} failed: {type(e).__name__}: {e}")
+                return error(f"the lab failed on this request ({type(e).__name__}); the server's log says more.", 500)
+            if not stream:
+                return JSONResponse(result, headers=SECURITY_HEADERS)
+
+            def lines():
+                n = 0
+                try:
+                    for step in result:
+                        n += 1
+                        yield json.dumps(step, ensure_ascii=False) + "\n"
+                    yield json.dumps({"done": True, "tokens": n}) + "\n"
+                except AndreaError as e:
+                    yield json.dumps({"error": str(e)}) + "\n"
+                except Exception as e:
+                    _log(f"{name} failed: {type(e).__name__}: {e}")
+                    yield json.dumps({"error": f"generation failed ({type(e).__name__}); the server's log says more."}) + "\n"
+
+            return StreamingResponse(lines(), media_type="application/x-ndjson", headers=SECURITY_HEADERS)
+
+        return endpoint
+
+    async def page(request: Request):
+        body, kind = assets["index.html"]
+        return Response(body, media_type=kind, headers=SECURITY_HEADERS)
+
+    async def static(request: Request):
+        name = request.path_params["name"]
+        if name not in assets or name == "index.html":
+            return error(f"there is no file {name!r} here.", 404)
+        body, kind = assets[name]
+        return Response(body, media_type=kind, headers={**SECURITY_HEADERS, "Cache-Control": "max-age=3600"})
+
+    async def http_error(request: Request, exc: HTTPException):
+        messages = {404: f"there is nothing at {request.url.path!r}.", 405: f"{request.method} is not allowed here."}
+        return error(messages.get(exc.status_code, str(exc.detail)), exc.status_code)
+
+    async def server_error(request: Request, exc: Exception):
+        _log(f"request to {request.url.path} failed: {type(exc).__name__}: {exc}")
+        return error("the lab failed on this request; the server's log says more.", 500)
+
+    routes = [Route("/", page, methods=["GET"]), Route("/static/{name}", static, methods=["GET"]),
+              Route("/api/info", api("info"), methods=["GET"]), Route("/api/positions", api("positions"), methods=["GET"])]
+    for name in ("params", "token", "compare", "map", "attention", "lens"):
+        routes.append(Route(f"/api/{name}", api(name), methods=["POST"]))
+    routes.append(Route("/api/generate", api("generate", stream=True), methods=["POST"]))
+    middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))] if allowed_hosts else []
+    return Starlette(routes=routes, middleware=middleware,
+                     exception_handlers={HTTPException: http_error, 500: server_error})
+
+
+# ---------------------------------------------------------------- serving
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port (port 0: any free port), or an AndreaError saying why not."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror:
+        raise AndreaError(f"cannot resolve the host {host!r}.") from None
+    family, _, _, _, address = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as e:
+        sock.close()
+        if e.errno == 98:
+            raise AndreaError(f"port {port} is already in use on {host}; give another port (0 picks a free one).") from None
+        raise AndreaError(f"cannot listen on {host}:{port} ({e.strerror}).") from None
+    sock.listen(128)
+    sock.setblocking(False)
+    return sock
+
+
+def url_of(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://{'[' + host + ']' if ':' in host else host}:{port}/"
+
+
+class LabServer:
+    """A uvicorn server for the lab on one socket, run in the foreground (`serve_forever`) or in a
+    background thread (`start`, `stop`: the tests and the screenshot script)."""
+
+    def __init__(self, subject: lab.Subject, host: str = "127.0.0.1", port: int = 8000):
+        import uvicorn
+
+        # on loopback, only requests that name the loopback host are answered: a web page elsewhere
+        # cannot reach the lab through a DNS name that resolves to 127.0.0.1
+        hosts = ["127.0.0.1", "localhost"] if host in ("127.0.0.1", "localhost") else None
+        self.app = create_app(subject, allowed_hosts=hosts)
+        self.sock = bind(host, port)
+        self.url = url_of(self.sock)
+        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", access_log=False,
+                                                    timeout_graceful_shutdown=2))
+        self.thread: threading.Thread | None = None
+
+    def serve_forever(self) -> None:
+        self.server.run(sockets=[self.sock])
+
+    def start(self) -> str:
+        self.thread = threading.Thread(target=self.serve_forever, daemon=True)
+        self.thread.start()
+        import time
+
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise AndreaError("the lab server did not start.")
+            time.sleep(0.02)
+        return self.url
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        if self.thread is not None:
+            self.thread.join(timeout=10)
+        self.sock.close()

@@ -1,0 +1,430 @@
+// The andrea lab page: one view per tab, each fed by a JSON endpoint of the lab server.
+// Text from the model or the user is always put in the page as text (textContent), never as HTML.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const show = (p) => p.replace(/ /g, "␣").replace(/\n/g, "\\n").replace(/\t/g, "\\t").replace(/\r/g, "\\r");
+const pct = (p) => (100 * p).toFixed(p >= 0.095 ? 0 : 1) + "%";
+const fmt = (x, d = 4) => (Number.isFinite(x) ? x.toFixed(d) : "—");
+const FORMS = {
+  "id": "named by its id",
+  "word-initial": "word-initial form: with the leading space a word has in running text",
+  "bare": "the bare piece, as typed",
+  "as typed": "as typed",
+};
+const PLOT_CONFIG = { displaylogo: false, responsive: true, modeBarButtonsToRemove: ["toImage", "sendDataToCloud"] };
+const FONT = { family: "system-ui, sans-serif", size: 12 };
+let INFO = null;
+
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (k === "class") node.className = v;
+    else if (k === "text") node.textContent = v;
+    else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
+    else node.setAttribute(k, v);
+  }
+  for (const c of children) node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  return node;
+}
+
+const piece = (p) => el("span", { class: "piece", text: show(p) });
+
+async function api(path, body) {
+  const opts = body === undefined ? { method: "GET" }
+    : { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) };
+  const r = await fetch(path, opts);
+  let data;
+  try { data = await r.json(); } catch (e) { throw new Error(`the server answered ${r.status} without JSON.`); }
+  if (!r.ok || data.error) throw new Error(data.error || `the server answered ${r.status}.`);
+  return data;
+}
+
+// Run one view's work: a state on the section (loading, ready, error) and the error sentence shown.
+async function run(view, work) {
+  const section = $(view), error = $(`${view === "generate" ? "gen" : view}-error`);
+  error.textContent = "";
+  section.dataset.state = "loading";
+  try {
+    await work();
+    section.dataset.state = "ready";
+  } catch (e) {
+    error.textContent = e.message;
+    section.dataset.state = "error";
+  }
+}
+
+function intField(id, { optional = false } = {}) {
+  const v = $(id).value.trim();
+  if (v === "" && optional) return null;
+  const n = Number(v);
+  return Number.isFinite(n) ? n : v;  // the server says what is wrong with a value that is not a number
+}
+
+// ---------------------------------------------------------------- tabs
+
+const drawn = {};
+const DRAW = {};
+
+function select(view) {
+  if (!DRAW[view]) view = "params";
+  for (const b of document.querySelectorAll("nav button")) b.classList.toggle("active", b.dataset.view === view);
+  for (const s of document.querySelectorAll("section.view")) s.hidden = s.id !== view;
+  if (location.hash !== "#" + view) history.replaceState(null, "", "#" + view);
+  if (!drawn[view]) { drawn[view] = true; DRAW[view](); }
+  else for (const p of $(view).querySelectorAll(".js-plotly-plot")) Plotly.Plots.resize(p);
+}
+
+// ---------------------------------------------------------------- 1. parameters
+
+DRAW.params = () => run("params", async () => {
+  const preset = $("params-preset").value || null;
+  const r = await api("/api/params", { preset });
+  const body = $("params-table").tBodies[0];
+  body.replaceChildren();
+  for (const row of r.rows) {
+    const share = row.share >= 0.001 ? (100 * row.share).toFixed(2) + "%" : (100 * row.share).toFixed(4) + "%";
+    body.append(el("tr", { class: row.part ? "" : "sum" }, el("td", { text: row.name }), el("td", { text: row.shape }),
+      el("td", { text: row.count.toLocaleString("en") }), el("td", { text: share })));
+  }
+  const parts = r.rows.filter((x) => x.part).reverse();
+  Plotly.react("params-chart", [{
+    type: "bar", orientation: "h", x: parts.map((x) => x.count), y: parts.map((x) => x.name),
+    text: parts.map((x) => `${x.count.toLocaleString("en")} (${(100 * x.share).toFixed(1)}%)`), textposition: "auto",
+    hovertemplate: "%{y}<br>%{x:,} parameters<extra></extra>",
+    marker: { color: parts.map((x) => (x.name.includes("embedding") ? "#2563eb" : x.name.includes("head") ? "#16a34a" : "#94a3b8")) },
+  }], { title: { text: r.name, font: { size: 13 }, x: 0.01, xanchor: "left" }, margin: { l: 170, r: 20, t: 40, b: 40 }, font: FONT,
+    xaxis: { title: { text: "parameters" } } }, PLOT_CONFIG);
+});
+
+// ---------------------------------------------------------------- 2. token table
+
+function describeLookup(w) {
+  const out = [el("b", { text: JSON.stringify(w.query) }), " → "];
+  if (w.single) out.push("token ", el("b", { text: String(w.ids[0]) }), " ", piece(w.pieces[0]));
+  else out.push(piece(w.text), `: the mean of ${w.ids.length} tokens`);
+  out.push(" ", el("span", { class: "form", text: `· ${FORMS[w.form]}` }));
+  return out;
+}
+
+function neighborList(list, items, metric) {
+  list.replaceChildren();
+  const top = Math.max(...items.map((n) => Math.abs(n.score)), 1e-12);
+  for (const n of items) {
+    const pick = el("button", { type: "button", title: `token ${n.id}: look it up`, onclick: () => {
+      $("token-word").value = "#" + n.id;
+      DRAW.token();
+    } }, piece(n.piece));
+    list.append(el("li", { "data-id": n.id }, pick, el("span", { class: "score", text: (metric === "cos" ? n.score.toFixed(3) : n.score.toFixed(2)) }),
+      el("span", { class: "bar", style: `width:${Math.round(80 * Math.abs(n.score) / top)}px` })));
+  }
+  if (!items.length) list.append(el("li", { text: "no token qualifies." }));
+}
+
+DRAW.token = () => run("token", async () => {
+  const metric = $("token-metric").value;
+  const r = await api("/api/token", { word: $("token-word").value, bare: $("token-bare").checked,
+    whole_words: $("token-whole").checked, metric, k: intField("token-k") });
+  const box = $("token-lookup");
+  box.replaceChildren(el("div", {}, ...describeLookup(r.word)),
+    el("div", { text: `row norm ‖u‖: ${fmt(r.norms.input)} in the input table, ${fmt(r.norms.output)} in the output head` +
+      (r.whole_words ? " · neighbours limited to whole-word tokens" : "") }));
+  if (r.word.note) box.append(el("div", { class: "note", text: r.word.note }));
+  neighborList($("token-input-list"), r.neighbors.input, metric);
+  neighborList($("token-output-list"), r.neighbors.output, metric);
+});
+
+// ---------------------------------------------------------------- 3. compare
+
+function planePlot(node, r, which) {
+  const s = r[which], u = s.plane.u, v = s.plane.v;
+  const lim = Math.max(Math.abs(u[0]), Math.abs(u[1]), Math.abs(v[0]), Math.abs(v[1]), 1e-9) * 1.25;
+  const arrow = (p, color) => ({ x: p[0], y: p[1], ax: 0, ay: 0, xref: "x", yref: "y", axref: "x", ayref: "y",
+    showarrow: true, arrowhead: 2, arrowwidth: 2.2, arrowcolor: color, text: "" });
+  Plotly.newPlot(node, [{
+    type: "scatter", mode: "text+markers", x: [u[0], v[0]], y: [u[1], v[1]], text: [r.a.label, r.b.label],
+    textposition: "top center", marker: { size: 6, color: ["#2563eb", "#dc2626"] },
+    hovertemplate: "%{text}: (%{x:.3f}, %{y:.3f})<extra></extra>",
+  }], { title: { text: `${which === "input" ? "input table" : "output head"}: θ = ${fmt(s.angle_deg, 1)}°`, font: { size: 12 }, x: 0.01, xanchor: "left" },
+    margin: { l: 36, r: 10, t: 30, b: 26 }, font: FONT, showlegend: false, annotations: [arrow(u, "#2563eb"), arrow(v, "#dc2626")],
+    xaxis: { range: [-lim, lim], zeroline: true }, yaxis: { range: [-lim, lim], scaleanchor: "x", zeroline: true } }, PLOT_CONFIG);
+}
+
+function compareCard(r) {
+  const rows = [["‖u‖", "norm_u", 4], ["‖v‖", "norm_v", 4], ["u·v", "dot", 4], ["cos θ", "cos", 4], ["θ (degrees)", "angle_deg", 2]];
+  const table = el("table", { class: "numbers" }, el("thead", {}, el("tr", {}, el("th", { text: "" }),
+    el("th", { text: "input (wte)" }), el("th", { text: "output (lm_head)" }))));
+  const body = el("tbody");
+  for (const [label, key, d] of rows) body.append(el("tr", { "data-key": key }, el("td", { text: label }),
+    el("td", { text: fmt(r.input[key], d) }), el("td", { text: fmt(r.output[key], d) })));
+  table.append(body);
+  const plots = [el("div", { class: "plane" }), el("div", { class: "plane" })];
+  const notes = [r.a.note, r.b.note].filter(Boolean).map((n) => el("div", { class: "note", text: n }));
+  const card = el("div", { class: "card" },
+    el("div", {}, "u: ", ...describeLookup(r.a)), el("div", {}, "v: ", ...describeLookup(r.b)), ...notes,
+    el("div", { class: "plots" }, table, ...plots));
+  $("compare-results").append(card);
+  planePlot(plots[0], r, "input");
+  planePlot(plots[1], r, "output");
+}
+
+async function comparePairs(pairs) {
+  $("compare-results").replaceChildren();
+  $("compare-verdict").textContent = "";
+  const bare = $("compare-bare").checked;
+  const results = [];
+  for (const [a, b] of pairs) results.push(await api("/api/compare", { a, b, bare }));
+  results.forEach(compareCard);
+  return results;
+}
+
+DRAW.compare = () => run("compare", () => comparePairs([[$("compare-a").value, $("compare-b").value]]));
+
+function lesson() {
+  return run("compare", async () => {
+    const pairs = INFO ? INFO.lesson_pairs : [["cat", "dog"], ["cat", "Tuesday"]];
+    const [rel, unrel] = await comparePairs(pairs);
+    const say = (which) => {
+      const a = rel[which], b = unrel[which];
+      const name = which === "input" ? "input table" : "output head";
+      return `${name}: cat·dog = ${fmt(a.dot, 3)} (cos ${fmt(a.cos, 3)}) ${a.cos > b.cos ? ">" : "≤"} cat·Tuesday = ${fmt(b.dot, 3)} (cos ${fmt(b.cos, 3)})`;
+    };
+    $("compare-verdict").textContent = `${say("input")}; ${say("output")}.`;
+  });
+}
+
+// ---------------------------------------------------------------- 4. map
+
+DRAW.map = () => run("map", async () => {
+  const words = $("map-words").value.split(/[,\n]+/).map((w) => w.trim()).filter(Boolean);
+  const body = { method: $("map-method").value, table: $("map-table").value, bare: $("map-bare").checked };
+  if (words.length) body.words = words; else body.top = intField("map-top");
+  const r = await api("/api/map", body);
+  const labels = r.points.map((p) => p.label);
+  const many = r.points.length > 150;
+  Plotly.react("map-plot", [{
+    type: "scatter", mode: many ? "markers" : "markers+text", x: r.points.map((p) => p.x), y: r.points.map((p) => p.y),
+    text: labels, textposition: "top center", customdata: r.points.map((p) => (p.single ? `token ${p.ids[0]}` : `mean of ${p.ids.length} tokens`)),
+    hovertemplate: "%{text}<br>%{customdata}<extra></extra>",
+    marker: { size: 7, color: r.points.map((p) => (p.single ? "#2563eb" : "#ea580c")) },
+  }], { margin: { l: 50, r: 20, t: 20, b: 44 }, font: FONT, hovermode: "closest", dragmode: "zoom",
+    xaxis: { title: { text: r.method === "pca" ? `PC 1 (${(100 * r.explained[0]).toFixed(1)}% of variance)` : "t-SNE 1" } },
+    yaxis: { title: { text: r.method === "pca" ? `PC 2 (${(100 * r.explained[1]).toFixed(1)}% of variance)` : "t-SNE 2" } },
+  }, PLOT_CONFIG);
+  const what = body.words ? `${r.points.length} chosen words` : `the ${r.points.length} most used tokens`;
+  const how = r.method === "pca" ? "first two principal components" : "t-SNE: near neighbours stay near; the axes and far distances carry no meaning";
+  const split = r.points.filter((p) => !p.single).length;
+  $("map-note").textContent = `${what}, ${r.table === "input" ? "input table" : "output head"}, ${how}.` +
+    (split ? ` ${split} word${split > 1 ? "s are" : " is"} not one token (orange: the mean of its tokens' rows).` : "");
+});
+
+// ---------------------------------------------------------------- 5. positions
+
+DRAW.positions = () => run("positions", async () => {
+  const r = await api("/api/positions");
+  $("positions-note").textContent = r.note;
+  if (r.table === null) {
+    $("positions-heatmap").replaceChildren(el("p", { class: "note", text: "There is no position table to compare." }));
+    return;
+  }
+  const at = r.heatmap_positions;
+  Plotly.react("positions-heatmap", [{
+    type: "heatmap", z: r.heatmap, x: at, y: at, zmin: -1, zmax: 1, colorscale: "RdBu", reversescale: true,
+    colorbar: { title: { text: "cos θ" } }, hovertemplate: "positions %{y} and %{x}<br>cos θ = %{z:.3f}<extra></extra>",
+  }], { title: { text: `cosine similarity between the ${r.positions} position rows (${r.table})` +
+    (at.length < r.positions ? `, every ${at[1] - at[0]}th` : ""), font: { size: 12 }, x: 0.01, xanchor: "left" },
+    margin: { l: 50, r: 10, t: 36, b: 40 }, font: FONT, yaxis: { autorange: "reversed", title: { text: "position" }, scaleanchor: "x" },
+    xaxis: { title: { text: "position" } } }, PLOT_CONFIG);
+  const ks = r.by_distance.map((_, i) => i + 1);
+  Plotly.react("positions-distance", [{
+    type: "scatter", mode: "lines", x: ks, y: r.by_distance, line: { color: "#2563eb" },
+    hovertemplate: "distance %{x}<br>mean cos θ = %{y:.4f}<extra></extra>",
+  }], { title: { text: `mean similarity by distance (mean row norm ${fmt(r.norm_mean, 3)})`, font: { size: 12 }, x: 0.01, xanchor: "left" },
+    margin: { l: 56, r: 10, t: 36, b: 40 }, font: FONT,
+    xaxis: { type: "log", title: { text: "distance k (log scale)" } }, yaxis: { title: { text: "mean cos θ(t, t + k)" }, zeroline: true } }, PLOT_CONFIG);
+});
+
+// ---------------------------------------------------------------- 6. attention
+
+let ATT = null;
+
+function drawSmall(canvas, grid) {
+  const n = grid.length, cell = Math.max(2, Math.floor(72 / n)), ctx = canvas.getContext("2d");
+  canvas.width = canvas.height = n * cell;
+  for (let i = 0; i < n; i++) for (let j = 0; j < n; j++) {
+    if (j > i) ctx.fillStyle = "#f1f3f5";
+    else { const w = grid[i][j]; ctx.fillStyle = `rgb(${Math.round(255 - 218 * w)},${Math.round(255 - 156 * w)},${Math.round(255 - 20 * w)})`; }
+    ctx.fillRect(j * cell, i * cell, cell, cell);
+  }
+}
+
+function attentionDetail(layer, head) {
+  for (const f of document.querySelectorAll("#attention-grid figure")) {
+    f.classList.toggle("selected", +f.dataset.layer === layer && +f.dataset.head === head);
+  }
+  const labels = ATT.pieces.map((p, t) => `${t}:${show(p)}`);
+  const z = ATT.patterns[layer][head].map((row, i) => row.map((w, j) => (j <= i ? w : null)));
+  Plotly.react("attention-detail", [{
+    type: "heatmap", z, x: labels, y: labels, zmin: 0, zmax: 1, colorscale: "Blues", reversescale: true,
+    hovertemplate: "query %{y}<br>key %{x}<br>weight %{z:.3f}<extra></extra>", colorbar: { title: { text: "weight" } },
+  }], { title: { text: `layer ${layer + 1}, head ${head + 1}`, font: { size: 13 }, x: 0.01, xanchor: "left" }, font: FONT,
+    margin: { l: 110, r: 10, t: 34, b: 110 }, xaxis: { tickangle: -60, title: { text: "key (attended to)" }, type: "category" },
+    yaxis: { autorange: "reversed", title: { text: "query" }, type: "category" } }, PLOT_CONFIG);
+}
+
+DRAW.attention = () => run("attention", async () => {
+  ATT = await api("/api/attention", { prompt: $("attention-prompt").value, bos: $("attention-bos").checked });
+  const grid = $("attention-grid");
+  grid.replaceChildren();
+  for (let l = 0; l < ATT.layers; l++) {
+    const row = el("div", { class: "row" }, el("span", { text: `layer ${l + 1}` }));
+    for (let h = 0; h < ATT.heads; h++) {
+      const canvas = el("canvas", { title: `layer ${l + 1}, head ${h + 1}` });
+      drawSmall(canvas, ATT.patterns[l][h]);
+      row.append(el("figure", { "data-layer": l, "data-head": h, onclick: () => attentionDetail(l, h) }, canvas,
+        el("figcaption", { text: `head ${h + 1}` })));
+    }
+    grid.append(row);
+  }
+  attentionDetail(0, 0);
+});
+
+// ---------------------------------------------------------------- 7. logit lens
+
+DRAW.lens = () => run("lens", async () => {
+  const r = await api("/api/lens", { prompt: $("lens-prompt").value, k: intField("lens-k") });
+  const table = $("lens-table");
+  table.replaceChildren();
+  const head = el("tr", {}, el("th", { text: "" }));
+  r.pieces.forEach((p, t) => head.append(el("th", { title: `position ${t}, token ${r.ids[t]}`, text: `${t} ${show(p)}` })));
+  table.append(el("thead", {}, head));
+  const body = el("tbody");
+  r.stages.forEach((stage, s) => {
+    const tr = el("tr", {}, el("th", { text: stage }));
+    r.lens[s].forEach((cell, t) => {
+      const best = cell.top[0], next = t + 1 < r.ids.length ? r.ids[t + 1] : null;
+      const lines = cell.top.map((x) => `${show(x.piece)}  ${pct(x.prob)}`);
+      if (next !== null) lines.push(`next in the prompt, ${show(r.pieces[t + 1])}: ${pct(cell.next_prob)}`);
+      const a = Math.min(1, best.prob);
+      tr.append(el("td", { class: next !== null && best.id === next ? "hit" : "", title: `${stage}, position ${t}\n${lines.join("\n")}`,
+        style: `background: rgba(37, 99, 235, ${(0.08 + 0.8 * a).toFixed(3)}); color: ${a > 0.45 ? "white" : "inherit"}` },
+      show(best.piece), el("small", { text: pct(best.prob) })));
+    });
+    body.append(tr);
+  });
+  table.append(body);
+});
+
+// ---------------------------------------------------------------- 8. generate
+
+let genAbort = null;
+
+function tokenDetail(span, step) {
+  for (const s of document.querySelectorAll(".gen-token.selected")) s.classList.remove("selected");
+  span.classList.add("selected");
+  const table = el("table");
+  for (const alt of step.alternatives) {
+    table.append(el("tr", { class: alt.id === step.id ? "chosen" : "" }, el("td", {}, piece(alt.piece)),
+      el("td", { class: "p", text: pct(alt.prob) }), el("td", {}, el("span", { class: "bar", style: `width:${Math.round(160 * alt.prob)}px` }))));
+  }
+  const chosen = step.alternatives.some((a) => a.id === step.id) ? "" : ` (not among the top ${step.alternatives.length})`;
+  $("gen-detail").replaceChildren(el("div", {}, "sampled ", piece(step.piece), ` with probability ${pct(step.prob)}${chosen}; the model's top choices:`), table);
+}
+
+function addToken(out, step) {
+  const a = Math.sqrt(Math.max(0, Math.min(1, step.prob)));
+  const span = el("span", { class: "gen-token", "data-prob": step.prob.toFixed(6), "data-id": step.id,
+    title: `${show(step.piece)}: ${pct(step.prob)}\n` + step.alternatives.map((x) => `${show(x.piece)}  ${pct(x.prob)}`).join("\n"),
+    style: `background: hsla(${Math.round(120 * a)}, 75%, 60%, 0.35)` }, step.text);
+  span.addEventListener("mouseenter", () => tokenDetail(span, step));
+  span.addEventListener("click", () => tokenDetail(span, step));
+  out.append(span);
+}
+
+DRAW.generate = () => {};  // nothing to fetch until asked
+
+function generate() {
+  if (genAbort) genAbort.abort();
+  const ctl = new AbortController();
+  genAbort = ctl;
+  $("gen-stop").disabled = false;
+  $("gen-go").disabled = true;
+  const out = $("gen-output");
+  const prompt = $("gen-prompt").value;
+  out.replaceChildren(el("span", { class: "prompt", text: prompt }));
+  $("gen-detail").replaceChildren();
+  $("gen-status").textContent = "generating…";
+  let n = 0;
+  return run("generate", async () => {
+    try {
+      const r = await fetch("/api/generate", { method: "POST", headers: { "Content-Type": "application/json" }, signal: ctl.signal,
+        body: JSON.stringify({ prompt, max_new_tokens: intField("gen-max"), temperature: intField("gen-temp"),
+          top_k: intField("gen-topk", { optional: true }), top_p: intField("gen-topp", { optional: true }),
+          seed: intField("gen-seed", { optional: true }) }) });
+      if (!r.ok) {
+        let msg = `the server answered ${r.status}.`;
+        try { msg = (await r.json()).error || msg; } catch (e) { /* not JSON */ }
+        throw new Error(msg);
+      }
+      const reader = r.body.getReader(), dec = new TextDecoder();
+      let buf = "";
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buf += dec.decode(value, { stream: true });
+        let i;
+        while ((i = buf.indexOf("\n")) >= 0) {
+          const line = buf.slice(0, i);
+          buf = buf.slice(i + 1);
+          if (!line) continue;
+          const msg = JSON.parse(line);
+          if (msg.error) throw new Error(msg.error);
+          if (msg.done) $("gen-status").textContent = `${msg.tokens} tokens.`;
+          else { addToken(out, msg); n++; $("gen-status").textContent = `${n} tokens…`; }
+        }
+      }
+    } catch (e) {
+      if (e.name === "AbortError") { $("gen-status").textContent = `stopped after ${n} tokens.`; return; }
+      $("gen-status").textContent = "";
+      throw e;
+    } finally {
+      if (genAbort === ctl) { genAbort = null; $("gen-stop").disabled = true; $("gen-go").disabled = false; }
+    }
+  });
+}
+
+// ---------------------------------------------------------------- start
+
+function onSubmit(id, fn) {
+  $(id).addEventListener("submit", (ev) => { ev.preventDefault(); fn(); });
+}
+
+async function start() {
+  for (const b of document.querySelectorAll("nav button")) b.addEventListener("click", () => select(b.dataset.view));
+  onSubmit("token-form", DRAW.token);
+  onSubmit("compare-form", DRAW.compare);
+  onSubmit("map-form", DRAW.map);
+  onSubmit("attention-form", DRAW.attention);
+  onSubmit("lens-form", DRAW.lens);
+  onSubmit("gen-form", generate);
+  $("compare-lesson").addEventListener("click", lesson);
+  $("gen-stop").addEventListener("click", () => genAbort && genAbort.abort());
+  $("params-preset").addEventListener("change", DRAW.params);
+  window.addEventListener("hashchange", () => select(location.hash.slice(1)));
+  try {
+    INFO = await api("/api/info");
+    const c = INFO.config;
+    $("model-name").textContent = INFO.model;
+    $("model-summary").textContent = `${INFO.params.toLocaleString("en")} parameters · d ${c.n_embd} · ${c.n_head} heads · ` +
+      `${c.n_layer} layers · context ${c.block_size} · V ${c.vocab_size.toLocaleString("en")} · positions ${c.pos}`;
+    $("model-note").textContent = INFO.tokenizer_note || "";
+    for (const p of INFO.presets) $("params-preset").append(el("option", { value: p, text: p }));
+    $("suggestions").replaceChildren(...INFO.suggestions.map((w) => el("option", { value: w })));
+  } catch (e) {
+    $("model-name").textContent = `the lab server did not answer: ${e.message}`;
+  }
+  document.body.dataset.ready = "true";
+  select(location.hash.slice(1) || "params");
+}
+
+start();

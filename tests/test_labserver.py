@@ -1,0 +1,274 @@
+"""The lab's web server: each endpoint returns what the library functions return, bad requests
+get one JSON sentence (never a traceback), no request reaches a file, and the real uvicorn server
+and the `andrea lab` command serve the page on loopback."""
+
+from __future__ import annotations
+
+import builtins
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import numpy as np
+import pytest
+from starlette.testclient import TestClient
+
+from andrea import lab
+from andrea.cli import main
+from andrea.web import server as web
+from andrea.web.server import LabServer, create_app
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def subject(lab_checkpoint):
+    return lab.load_subject(lab_checkpoint)
+
+
+@pytest.fixture(scope="module")
+def client(subject):
+    with TestClient(create_app(subject), raise_server_exceptions=False) as c:
+        yield c
+
+
+def post(client, path, body):
+    r = client.post(path, json=body)
+    return r.status_code, r.json()
+
+
+# ---------------------------------------------------------------- one source of truth
+
+
+def test_the_page_and_its_assets_are_served_from_the_installed_packages(client):
+    r = client.get("/")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    page = r.text
+    assert "/static/plotly.min.js" in page and "/static/lab.js" in page
+    assert "http://" not in page and "https://" not in page  # nothing from elsewhere
+    for name, kind in (("lab.js", "javascript"), ("lab.css", "css"), ("plotly.min.js", "javascript"), ("favicon.svg", "svg")):
+        r = client.get(f"/static/{name}")
+        assert r.status_code == 200 and kind in r.headers["content-type"], name
+    bundle = client.get("/static/plotly.min.js").content
+    import plotly
+
+    with open(os.path.join(os.path.dirname(plotly.__file__), "package_data", "plotly.min.js"), "rb") as f:
+        assert bundle == f.read()
+    assert "default-src 'self'" in r.headers["content-security-policy"]
+
+
+def test_endpoints_return_what_the_library_returns(client, subject):
+    m, tok = subject.model, subject.tokenizer
+    code, r = post(client, "/api/token", {"word": "cat", "k": 5, "metric": "dot", "whole_words": True})
+    assert code == 200
+    for which in lab.TABLES:
+        assert r["neighbors"][which] == lab.neighbors(m, tok, "cat", 5, "dot", which, whole_words=True)["neighbors"]
+    assert r["word"]["form"] == "word-initial" and r["word"]["text"] == " cat"
+    code, r = post(client, "/api/compare", {"a": "cat", "b": "dog"})
+    assert code == 200 and r == json.loads(json.dumps(lab.compare(m, tok, "cat", "dog")))
+    code, r = post(client, "/api/lens", {"prompt": "the cat sat", "k": 3})
+    assert code == 200 and r == json.loads(json.dumps(lab.logit_lens(m, tok, "the cat sat", 3)))
+    code, r = post(client, "/api/attention", {"prompt": "the cat sat"})
+    expected = lab.attention(m, tok, "the cat sat")
+    assert code == 200 and r["pieces"] == expected["pieces"]
+    np.testing.assert_allclose(r["patterns"], expected["patterns"], atol=1e-4)
+    code, r = post(client, "/api/map", {"words": ["cat", "dog", "mat", "kings"]})
+    assert code == 200 and r == json.loads(json.dumps(lab.map_points(m, tok, ["cat", "dog", "mat", "kings"])))
+    code, r = post(client, "/api/map", {"top": 12, "method": "tsne"})
+    assert code == 200 and r["method"] == "tsne" and len(r["points"]) == 12
+    code, r = post(client, "/api/params", {"preset": "andrea-120m"})
+    assert code == 200 and r["rows"][-1]["count"] == 98_737_152
+    code, r = post(client, "/api/params", {})
+    assert r["rows"][-1]["count"] == m.num_params()
+    r = client.get("/api/positions").json()
+    sim = lab.positions(m)["similarity"]
+    assert r["by_distance"] == pytest.approx(lab.similarity_by_distance(sim), abs=1e-6)
+    assert len(r["heatmap"]) == m.config.block_size
+    info = client.get("/api/info").json()
+    assert info["config"]["n_embd"] == m.config.n_embd and "cat" in info["suggestions"]
+
+
+def test_generation_streams_the_library_tokens(client, subject):
+    settings = {"max_new_tokens": 8, "temperature": 0.9, "top_k": 20, "seed": 3}
+    with client.stream("POST", "/api/generate", json={"prompt": "the cat", **settings}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("application/x-ndjson")
+        lines = [json.loads(line) for line in r.iter_lines() if line]
+    steps = list(lab.generate_steps(subject.model, subject.tokenizer, "the cat", **settings))
+    assert lines[-1] == {"done": True, "tokens": len(steps)}
+    assert lines[:-1] == json.loads(json.dumps(steps))
+
+
+# ---------------------------------------------------------------- bad requests
+
+
+BAD = [
+    ("/api/token", {"word": ""}, "non-empty"),
+    ("/api/token", {"word": "x" * 101}, "at most 100"),
+    ("/api/token", {"word": "#99999"}, "out of range"),
+    ("/api/token", {"word": "cat", "k": 0}, "k must be an integer from 1"),
+    ("/api/token", {"word": "cat", "k": 10**9}, "k must be an integer from 1"),
+    ("/api/token", {"word": "cat", "k": "5"}, "k must be an integer"),
+    ("/api/token", {"word": "cat", "metric": "euclid"}, "metric must be one of"),
+    ("/api/token", {"word": "cat", "bare": "yes"}, "true or false"),
+    ("/api/token", {"word": "cat", "path": "/etc/passwd"}, "unknown field 'path'"),
+    ("/api/compare", {"a": "cat"}, "b must be a non-empty string"),
+    ("/api/map", {"words": ["cat"]}, "2 to 200 words"),
+    ("/api/map", {"top": 1}, "top must be an integer from 2"),
+    ("/api/map", {"top": 1000, "method": "tsne"}, "to 500"),
+    ("/api/map", {"top": 10, "method": "umap"}, "method must be one of"),
+    ("/api/params", {"preset": "../../etc/passwd"}, "preset must be one of"),
+    ("/api/attention", {"prompt": "x" * 2001}, "at most 2,000"),
+    ("/api/attention", {"prompt": "the cat " * 40}, "at most 64"),
+    ("/api/lens", {"prompt": "the cat sat", "k": 21}, "k must be an integer from 1 to 20"),
+    ("/api/lens", {"prompt": None}, "prompt must be a non-empty string"),
+    ("/api/generate", {"prompt": "the", "temperature": -1}, "temperature must be a number"),
+    ("/api/generate", {"prompt": "the", "temperature": float("inf")}, "temperature must be a number"),
+    ("/api/generate", {"prompt": "the", "top_p": float("nan")}, "top_p must be a number"),
+    ("/api/generate", {"prompt": "the", "top_p": 0}, "top_p must be a number in (0.0, 1.0]"),
+    ("/api/generate", {"prompt": "the", "max_new_tokens": 100_000}, "max_new_tokens must be an integer from 1 to 500"),
+    ("/api/generate", {"prompt": "the", "top_k": 0}, "top_k must be an integer"),
+]
+
+
+@pytest.mark.parametrize("path,body,message", BAD, ids=[f"{p}:{m}" for p, _, m in BAD])
+def test_bad_values_get_one_json_sentence(client, capfd, path, body, message):
+    raw = json.dumps(body, allow_nan=True)
+    r = client.post(path, content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and set(r.json()) == {"error"}
+    assert message in r.json()["error"]
+    out, err = capfd.readouterr()
+    assert "Traceback" not in out + err
+
+
+def test_bodies_methods_and_paths(client, capfd):
+    r = client.post("/api/token", content=b"{not json")
+    assert r.status_code == 400 and r.json()["error"] == "the request body is not valid JSON."
+    r = client.post("/api/token", content=b"[1, 2]")
+    assert r.status_code == 400 and "JSON object" in r.json()["error"]
+    r = client.post("/api/token", content=b"\xff\xfe")
+    assert r.status_code == 400
+    r = client.post("/api/token", content=b"{" + b" " * (web.MAX_BODY + 10) + b"}")
+    assert r.status_code == 413 and "larger than" in r.json()["error"]
+    assert client.get("/api/token").status_code == 405 and "not allowed" in client.get("/api/token").json()["error"]
+    assert client.get("/api/info?file=/etc/passwd").status_code == 400
+    for path in ("/nothing", "/static/", "/static/server.py", "/static/index.html", "/static/../server.py",
+                 "/static/..%2f..%2fpyproject.toml", "/static/%2e%2e/%2e%2e/pyproject.toml", "/static/..\\..\\pyproject.toml",
+                 "/api/../../etc/passwd", "/static/plotly.min.js/../../../../etc/passwd", "//etc/passwd"):
+        r = client.get(path)
+        assert r.status_code in (404, 405), path
+        assert set(r.json()) == {"error"}, path
+        assert "root:" not in r.text and "[project]" not in r.text, path
+    out, err = capfd.readouterr()
+    assert "Traceback" not in out + err
+
+
+def test_no_request_opens_a_file(client, monkeypatch):
+    opened = []
+    real_open = builtins.open
+
+    def spy(file, *args, **kwargs):
+        opened.append(str(file))
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", spy)
+    monkeypatch.setattr(os, "open", lambda *a, **k: opened.append(str(a[0])) or pytest.fail("os.open"))
+    for path, body in (("/api/token", {"word": "cat"}), ("/api/compare", {"a": "../x", "b": "/etc/passwd"}),
+                       ("/api/map", {"words": ["/etc/passwd", "cat"]}), ("/api/lens", {"prompt": "/etc/passwd"}),
+                       ("/api/attention", {"prompt": "~/.ssh/id_rsa"}), ("/api/params", {"preset": "andrea-tiny"})):
+        assert client.post(path, json=body).status_code == 200
+    assert client.get("/static/lab.js").status_code == 200
+    assert opened == []
+
+
+def test_a_fault_in_the_server_is_one_line_not_a_traceback(subject, monkeypatch, capfd):
+    def broken(self, f):
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(web.LabViews, "lens", broken)
+    with TestClient(create_app(subject), raise_server_exceptions=False) as c:
+        r = c.post("/api/lens", json={"prompt": "the"})
+    assert r.status_code == 500 and "RuntimeError" in r.json()["error"] and "disk" not in r.json()["error"]
+    out, err = capfd.readouterr()
+    assert "Traceback" not in out + err
+    assert err.strip().splitlines() == ["andrea lab: lens failed: RuntimeError: disk on fire"]
+
+
+# ---------------------------------------------------------------- the real server
+
+
+def raw_get(port: int, path: str, host: str = "127.0.0.1") -> tuple[int, bytes]:
+    """One HTTP/1.1 request sent byte for byte (no client normalises the path)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+def test_the_uvicorn_server_on_loopback(subject, capfd):
+    server = LabServer(subject, "127.0.0.1", 0)
+    url = server.start()
+    try:
+        port = int(url.rsplit(":", 1)[1].strip("/"))
+        assert url == f"http://127.0.0.1:{port}/" and server.sock.getsockname()[0] == "127.0.0.1"
+        with httpx.Client(base_url=url, timeout=30) as c:
+            assert "andrea lab" in c.get("/").text
+            r = c.post("/api/token", json={"word": "cat", "k": 3})
+            assert r.status_code == 200 and len(r.json()["neighbors"]["input"]) == 3
+            r = c.post("/api/attention", json={"prompt": "x" * 5000})
+            assert r.status_code == 400 and "at most 2,000" in r.json()["error"]
+            r = c.post("/api/token", content=b"x" * 100_000)
+            assert r.status_code == 413
+        for path in ("/static/../../../../etc/passwd", "/static/..%2f..%2f..%2f..%2fetc%2fpasswd", "/../../etc/passwd",
+                     "/static/%2e%2e%2f%2e%2e%2fpyproject.toml"):
+            status, body = raw_get(port, path)
+            assert status in (400, 404) and b"root:" not in body and b"[project]" not in body, path
+        # a page elsewhere that points a DNS name at 127.0.0.1 is refused (DNS rebinding)
+        status, _ = raw_get(port, "/api/info", host="attacker.example")
+        assert status == 400
+        assert raw_get(port, "/api/info", host=f"localhost:{port}")[0] == 200
+    finally:
+        server.stop()
+    out, err = capfd.readouterr()
+    assert "Traceback" not in out + err
+
+
+def test_lab_command_errors(capsys, lab_checkpoint):
+    assert main(["lab"]) == 2
+    assert "--checkpoint" in capsys.readouterr().err
+    assert main(["lab", "--checkpoint", str(lab_checkpoint), "--port", "70000"]) == 2
+    assert "--port must be from 0 to 65535" in capsys.readouterr().err
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        assert main(["lab", "--checkpoint", str(lab_checkpoint), "--port", str(port)]) == 2
+        err = capsys.readouterr().err
+        assert f"port {port} is already in use" in err and len(err.strip().splitlines()) == 1
+
+
+def test_lab_command_serves_until_interrupted(lab_checkpoint):
+    proc = subprocess.Popen([sys.executable, "-m", "andrea", "lab", "--checkpoint", str(lab_checkpoint), "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url = None
+        deadline = time.monotonic() + 60
+        while url is None and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            if line.startswith("open http://127.0.0.1:"):
+                url = line.split()[1]
+        assert url, proc.stderr.read()
+        assert httpx.get(url + "api/info", timeout=30).json()["config"]["n_layer"] == 2
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and "stopped" in out and "Traceback" not in err
