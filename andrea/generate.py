@@ -31,8 +31,8 @@ from typing import Iterator
 
 import torch
 
-from andrea.errors import AndreaError
 from andrea.decode import MODES, DecodePlan
+from andrea.errors import AndreaError
 
 BOS = 256
 
