@@ -9,6 +9,7 @@
 #
 #   benchmarks/gpu.sh              on a machine with an NVIDIA GPU and torch with CUDA
 #   benchmarks/gpu.sh --dry-run    tiny sizes on the CPU, to check the script end to end
+#   benchmarks/gpu.sh --plan       no runs: the section with every row marked unmeasured
 #
 # Each part runs under its own `timeout`; the whole stays within GPU_BENCH_SECONDS (default 345,
 # so it ends within 6 minutes). Parts that fail, time out or find no time left say so in the table.
@@ -18,10 +19,12 @@ set -u
 cd "$(dirname "$0")/.."
 
 DRY=""
+PLAN=""
 case "${1:-}" in
   --dry-run) DRY="--dry-run" ;;
+  --plan) PLAN="--plan" ;;
   "") ;;
-  *) echo "usage: benchmarks/gpu.sh [--dry-run]" >&2; exit 2 ;;
+  *) echo "usage: benchmarks/gpu.sh [--dry-run | --plan]" >&2; exit 2 ;;
 esac
 BUDGET=${GPU_BENCH_SECONDS:-345}
 START=$SECONDS
@@ -29,7 +32,7 @@ START=$SECONDS
 PY=${PYTHON:-}
 if [ -z "$PY" ]; then
   check='import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)'
-  [ -n "$DRY" ] && check='import torch'
+  [ -n "$DRY$PLAN" ] && check='import torch'
   for candidate in python3 python .venv/bin/python; do
     if command -v "$candidate" >/dev/null 2>&1 && timeout 120 "$candidate" -c "$check" >/dev/null 2>&1; then
       PY=$candidate
@@ -38,7 +41,7 @@ if [ -z "$PY" ]; then
   done
 fi
 if [ -z "$PY" ]; then
-  if [ -n "$DRY" ]; then
+  if [ -n "$DRY$PLAN" ]; then
     echo "gpu.sh: no python with torch found (set PYTHON=...)." >&2
   else
     echo "gpu.sh: no python whose torch sees a CUDA device (set PYTHON=..., or use --dry-run on a CPU)." >&2
@@ -63,7 +66,9 @@ part() {
   shift 4
   local left=$((BUDGET - (SECONDS - START)))
   local rows rc
-  if [ "$left" -lt 30 ]; then
+  if [ -n "$PLAN" ]; then
+    rows="unmeasured: no CUDA device where this ran"
+  elif [ "$left" -lt 30 ]; then
     rows="skipped: the time budget of ${BUDGET} s was spent"
   else
     [ "$limit" -gt "$left" ] && limit=$left
@@ -85,13 +90,14 @@ part() {
   ROWS[$table]+="$rows"$'\n'
 }
 
-HEADER=$(timeout -k 10 120 "$PY" benchmarks/gpu_bench.py header $DRY 2>"$ERR") || {
+HEADER=$(timeout -k 10 120 "$PY" benchmarks/gpu_bench.py header $DRY $PLAN 2>"$ERR") || {
   echo "gpu.sh: $(tail -n 1 "$ERR")" >&2
   exit 1
 }
 
 # the eager runs, decoding and the CLI first; torch.compile (minutes of compiling) with what is left
 if [ -n "$DRY" ]; then SMALL="2 × 64"; LARGE="8 × 64"; else SMALL="8 × 1024"; LARGE="32 × 1024"; fi
+[ -n "$PLAN" ] && echo "gpu.sh: --plan: nothing runs; every row says it is unmeasured" >&2
 part 80 train "andrea, gpt2" "eager, $SMALL" train --batch 8 --steps 10
 part 110 train "andrea, andrea-whole-loss, gpt2" "eager, $LARGE" train --batch 32 --fit --models andrea,andrea-whole-loss,gpt2
 part 90 decode "andrea, transformers" "bf16" decode --dtype bf16
@@ -105,4 +111,5 @@ for table in train decode cli; do
   printf "%s" "${ROWS[$table]}"
 done
 echo
-echo "Whole script: $((SECONDS - START)) s."
+[ -z "$PLAN" ] && echo "Whole script: $((SECONDS - START)) s."
+exit 0

@@ -319,6 +319,16 @@ def cmd_cli(args) -> int:
 
 
 def cmd_header(args) -> int:
+    if args.plan:
+        cfg = get_preset(args.preset)
+        print(f"## GPU: {args.preset} training and decode\n")
+        print(f"**Unmeasured**: no CUDA device was visible to torch {torch.__version__} where this section was "
+              f"written ({datetime.date.today().isoformat()}); every row below "
+              f"says so. `benchmarks/gpu.sh` on a machine with an NVIDIA GPU measures them.\n")
+        print(f"model {cfg.n_layer} layers, d {cfg.n_embd}, {cfg.n_head} heads, V {cfg.vocab_size:,}, "
+              f"T {cfg.block_size}; FLOPs per token at T = {cfg.block_size}: "
+              f"{flops_per_token(cfg, cfg.block_size) / 1e6:,.1f} M (6·N + 12·L·T·d).")
+        return 0
     device = device_for(args.dry_run)
     cfg = get_preset(DRY["preset"] if args.dry_run else args.preset)
     seq = DRY["seq"] if args.dry_run else cfg.block_size
@@ -359,6 +369,7 @@ def main(argv=None) -> int:
         p = sub.add_parser(name)
         p.add_argument("--preset", default="andrea-12m" if name == "cli" else "andrea-120m", choices=list(PRESETS))
         p.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU, to check the code path")
+    sub.choices["header"].add_argument("--plan", action="store_true", help="the heading of a section left unmeasured")
     columns = sub.add_parser("columns")
     columns.add_argument("table", choices=list(COLUMNS))
     t = sub.choices["train"]
