@@ -60,13 +60,6 @@ class KVCache:
             raise AndreaError(f"the KV cache holds {self.max_len} positions: {self.length} are filled and {T} more do not fit.")
 
 
-def plain_linear(x: torch.Tensor, key, weight) -> torch.Tensor:
-    """x @ weightᵀ for an (out, in) weight, or for the weight a function makes: the `linear` the
-    model uses when none is given. `key` names the matrix (("qkv", layer), ("wo", layer),
-    ("fc1", layer), ("fc2", layer) or "lm_head") for a `linear` that keeps its own copies."""
-    return F.linear(x, weight() if callable(weight) else weight)
-
-
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -91,17 +84,17 @@ class Attention(nn.Module):
             qkv = F.linear(x, self.qkv_weight())
         else:
             qkv = linear(x, ("qkv", layer), self.qkv_weight)
-        q, k, v = qkv.view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)  # each (B, nh, T, hs)
         start = where if where is not None else cache.length if cache is not None else 0
         if rope is not None:
             q, k = rope(q, start), rope(k, start)
         if cache is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         elif where is not None:
-            cache_k, cache_v = cache.k[layer], cache.v[layer]
+            cache_k, cache_v = cache.k[layer], cache.v[layer]  # (B, nh, max_len, hs)
             cache_k.index_copy_(2, where, k)
             cache_v.index_copy_(2, where, v)
-            y = F.scaled_dot_product_attention(q, cache_k, cache_v, attn_mask=mask)
+            y = F.scaled_dot_product_attention(q, cache_k, cache_v, attn_mask=mask)  # mask (T, max_len)
         else:
             end = start + T
             cache.k[layer, :, :, start:end] = k
@@ -303,7 +296,9 @@ class ANDREA(nn.Module):
         With targets and the loss computed in chunks (`loss_chunk`; on CUDA by default) the
         logits are never made whole, and None is returned in their place. With a cache, ids
         continue the cached sequence at position cache.length. `linear(x, key, weight)` replaces
-        the plain `x @ weightᵀ` of every matrix (a decode plan's weight layouts; see plain_linear).
+        the plain `x @ weightᵀ` of every matrix (a decode plan's weight layouts, andrea.decode):
+        `key` names the matrix (("qkv", layer), ("wo", layer), ("fc1", layer), ("fc2", layer) or
+        "lm_head") and `weight` is the tensor, or a function that makes it (the stacked q/k/v).
         """
         start = cache.length if cache is not None else 0
         self.check_ids(ids, start)
