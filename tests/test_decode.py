@@ -317,3 +317,24 @@ def test_no_host_sync_in_a_training_step_or_a_decode_step():
             plan._run_step()
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+@cuda
+def test_the_cuda_default_loss_in_blocks_stays_within_bf16_of_the_whole_one():
+    torch.manual_seed(0)
+    model = ANDREA(ModelConfig(vocab_size=300, n_embd=64, n_head=4, n_layer=2, block_size=64)).cuda()
+    model.vocab_multiple = 64
+    ids = torch.randint(0, 300, (4, 65), device="cuda")
+    out = []
+    for chunk in (0, None):  # whole, then the CUDA default (blocks of LOSS_CHUNK rows)
+        model.loss_chunk = chunk
+        model.zero_grad()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits, loss = model(ids[:, :-1], ids[:, 1:])
+        assert (logits is None) == (chunk is None)
+        loss.backward()
+        out.append((loss.detach(), model.lm_head.weight.grad.clone(), model.wte.weight.grad.clone()))
+    (a, ga, wa), (b, gb, wb) = out
+    torch.testing.assert_close(b, a, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(gb, ga, rtol=5e-2, atol=5e-3)
+    torch.testing.assert_close(wb, wa, rtol=5e-2, atol=5e-3)
