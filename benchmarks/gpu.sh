@@ -12,7 +12,7 @@
 #   benchmarks/gpu.sh --plan       no runs: the section with every row marked unmeasured
 #
 # Each part runs under its own `timeout`; the whole stays within GPU_BENCH_SECONDS (default 345,
-# so it ends within 6 minutes). Parts that fail, time out or find no time left say so in the table.
+# so it ends within 6 minutes; a dry run, on a CPU that may be shared, gets 4 times the time). Parts that fail, time out or find no time left say so in the table.
 # PYTHON picks the interpreter (default: the first of python3, python, .venv/bin/python whose torch
 # sees CUDA; with --dry-run, the first that has torch).
 set -u
@@ -26,7 +26,9 @@ case "${1:-}" in
   "") ;;
   *) echo "usage: benchmarks/gpu.sh [--dry-run | --plan]" >&2; exit 2 ;;
 esac
-BUDGET=${GPU_BENCH_SECONDS:-345}
+SCALE=1
+[ -n "$DRY" ] && SCALE=4
+BUDGET=${GPU_BENCH_SECONDS:-$((345 * SCALE))}
 START=$SECONDS
 
 PY=${PYTHON:-}
@@ -62,7 +64,7 @@ declare -A EMPTY=([train]=" | | | | | | |" [decode]=" | | | |" [cli]="")
 
 # part LIMIT TABLE LABEL SHAPE ARGS...: run one gpu_bench.py part, add its rows (or why it has none)
 part() {
-  local limit=$1 table=$2 label=$3 shape=$4
+  local limit=$(($1 * SCALE)) table=$2 label=$3 shape=$4
   shift 4
   local left=$((BUDGET - (SECONDS - START)))
   local rows rc
