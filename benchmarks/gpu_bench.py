@@ -11,8 +11,8 @@ flash attention (SDPA's flash kernel, forced), mean cross-entropy, backward, glo
 clipping at 1.0, fused AdamW with the v2 recipe's settings (betas 0.9/0.95, weight decay 0.1 on
 matrices). `--models` picks the rows: `andrea` (the loss in blocks of rows, the CUDA default),
 `andrea-whole-loss` (the whole batch's logits, then cross-entropy) and `gpt2`, transformers'
-GPT2LMHeadModel of the same shape (untied head, relu², SDPA, no dropout; it adds biases), run
-through the same step with the same cross-entropy call on its logits. Random ids: no corpus is
+GPT2LMHeadModel of the same shape (untied head, relu², SDPA with the kernel SDPA picks, no
+dropout; it adds biases), run through the same step with the same cross-entropy call on its logits. Random ids: no corpus is
 needed, and the speed does not depend on them. MFU = tokens/s × FLOPs per token ÷ the device's
 bf16 dense peak (andrea.flops); the peer is credited with the same FLOPs per token.
 
@@ -131,10 +131,11 @@ def train_once(name, cfg, batch: int, seq: int, steps: int, warmup: int, compile
     g = torch.Generator(device=device).manual_seed(0)
     batches = [torch.randint(0, cfg.vocab_size, (batch, seq + 1), device=device, generator=g) for _ in range(4)]
     autocast = torch.autocast(device.type, dtype=torch.bfloat16)
+    kernel = attention_kernel if name != "gpt2" else lambda device: nullcontext()  # the peer: SDPA's own choice
 
     def step(i: int) -> None:
         ids = batches[i % len(batches)]
-        with autocast, attention_kernel(device):
+        with autocast, kernel(device):
             loss = loss_of(ids[:, :-1], ids[:, 1:])
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
