@@ -1,7 +1,9 @@
 """Generation: a preallocated KV cache, sampling, a sliding context window, streaming, chat.
 
 Each new token costs one position of compute: the prompt is run once through the model with a
-`KVCache`, then every sampled token is fed alone and its keys and values are appended.
+`KVCache`, then every sampled token is fed alone and its keys and values are appended. How the
+steps run on the device (weight layouts, fixed shapes, CUDA graphs) is the decode plan's choice
+(`andrea.decode`).
 
 Sliding window. Positions are a learned table of `block_size` rows and cannot extrapolate, so a
 sequence never sits at positions past `block_size - 1`. The model sees a window `seq[w:]` of the
@@ -29,10 +31,9 @@ from typing import Iterator
 
 import torch
 
+from andrea.config import BOS
+from andrea.decode import MODES, DecodePlan
 from andrea.errors import AndreaError
-from andrea.model import KVCache
-
-BOS = 256
 
 
 def window_keep(block_size: int) -> int:
@@ -72,21 +73,24 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
 
 
 @torch.inference_mode()
-def _last_logits(model, ids: list[int], cache: KVCache | None) -> torch.Tensor:
+def _last_logits(model, ids: list[int]) -> torch.Tensor:
     x = torch.tensor([ids], dtype=torch.long, device=model.wte.weight.device)
-    logits, _ = model(x, cache=cache)
+    logits, _ = model(x)
     return logits[0, -1]
 
 
-def _id_stream(model, seq: list[int], max_new_tokens: int, pick, use_cache: bool, stop_at_bos: bool) -> Iterator[int]:
+def _id_stream(model, seq: list[int], max_new_tokens: int, pick, use_cache: bool, stop_at_bos: bool,
+               decode: str) -> Iterator[int]:
     T = model.config.block_size
     keep = window_keep(T)
     w = 0 if len(seq) <= T else len(seq) - keep
-    cache = None
+    plan = None
     if use_cache:
-        p = model.wte.weight
-        cache = KVCache(model.config, 1, device=p.device, dtype=p.dtype)
-    logits = _last_logits(model, seq[w:], cache)
+        # the window never holds more than its start plus the tokens fed back, nor more than T
+        plan = DecodePlan(model, max_len=len(seq) - w + max_new_tokens, mode=decode)
+        logits = plan.prefill(seq[w:])
+    else:
+        logits = _last_logits(model, seq[w:])
     for i in range(max_new_tokens):
         tok = pick(logits)
         if stop_at_bos and tok == BOS:
@@ -97,25 +101,27 @@ def _id_stream(model, seq: list[int], max_new_tokens: int, pick, use_cache: bool
         seq.append(tok)
         if len(seq) - w > T:  # the window is full: slide it and re-run what it keeps
             w = len(seq) - keep
-            if cache is not None:
-                cache.reset()
-            logits = _last_logits(model, seq[w:], cache)
-        elif cache is not None:
-            logits = _last_logits(model, [tok], cache)
+            logits = plan.prefill(seq[w:]) if plan is not None else _last_logits(model, seq[w:])
+        elif plan is not None:
+            logits = plan.step(tok)
         else:
-            logits = _last_logits(model, seq[w:], None)
+            logits = _last_logits(model, seq[w:])
 
 
 def stream_ids(model, prompt_ids, max_new_tokens: int = 256, temperature: float = 1.0, top_k: int | None = None,
                top_p: float | None = None, seed: int | None = None, greedy: bool = False, use_cache: bool = True,
-               stop_at_bos: bool = True, on_step=None) -> Iterator[int]:
+               stop_at_bos: bool = True, decode: str = "auto", on_step=None) -> Iterator[int]:
     """Yield new token ids one at a time as they are sampled (the prompt is not repeated).
 
     Arguments are checked here, before the first token; `stop_at_bos=False` lets a BOS through
-    as an ordinary token (for measurements that need a run of fixed length). `on_step(logits,
-    token)`, when given, sees each token's (V,) logits as it is picked (the lab shows them).
+    as an ordinary token (for measurements that need a run of fixed length). `decode` is the
+    decode plan's mode (andrea.decode: auto, dynamic, static or graph); without a cache every
+    token recomputes its window. `on_step(logits, token)`, when given, sees each token's (V,)
+    logits as it is picked (the lab shows them).
     """
     check_sampling(max_new_tokens, temperature, top_k, top_p)
+    if decode not in MODES:
+        raise AndreaError(f"decode mode must be one of {', '.join(MODES)}, got {decode!r}.")
     seq = [int(t) for t in prompt_ids]
     if not seq:
         raise AndreaError("the prompt is empty; give at least one token.")
@@ -135,15 +141,15 @@ def stream_ids(model, prompt_ids, max_new_tokens: int = 256, temperature: float 
             on_step(logits, tok)
         return tok
 
-    return _id_stream(model, seq, max_new_tokens, pick, use_cache, stop_at_bos)
+    return _id_stream(model, seq, max_new_tokens, pick, use_cache, stop_at_bos, decode)
 
 
 def generate_ids(model, prompt_ids, max_new_tokens: int = 256, temperature: float = 1.0, top_k: int | None = None,
                  top_p: float | None = None, seed: int | None = None, greedy: bool = False, use_cache: bool = True,
-                 stop_at_bos: bool = True) -> list[int]:
+                 stop_at_bos: bool = True, decode: str = "auto") -> list[int]:
     """The new token ids after prompt_ids (see `stream_ids`)."""
     return list(stream_ids(model, prompt_ids, max_new_tokens, temperature, top_k, top_p, seed, greedy,
-                           use_cache, stop_at_bos))
+                           use_cache, stop_at_bos, decode))
 
 
 def stream_text_pieces(tokenizer, ids: Iterator[int]) -> Iterator[str]:

@@ -30,17 +30,13 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
 class KVCache:
     """Preallocated keys and values for every layer: (n_layer, B, n_head, max_len, head_dim).
 
-    `length` is how many positions are filled; each forward call appends its tokens there, so a
-    new token costs one position of compute.
+    `length` is how many positions are filled; each `ANDREA.forward` call with a cache appends its
+    tokens there, so a new token costs one position of compute. `ANDREA.step` writes at positions
+    given as a tensor instead and attends over all `max_len` positions with a mask, so every step
+    has the same shapes (what a CUDA graph needs); its caller keeps `length`.
 
-    A cache belongs to one generation, during which the weights do not change, so it also keeps
-    copies of the weights in the layout that decodes fastest, built on first use. Decoding
-    multiplies one row vector by each matrix, which is most of a token's time, and a single
-    matrix-vector product runs on one thread. On a CPU each matrix is therefore split by output
-    columns into one (in, out/k) block per thread (zero-padded to split evenly) and multiplied as
-    one batched matmul, whose blocks run in parallel. With one thread, a widening matrix is kept
-    (in, out), which BLAS streams up to twice as fast as torch's (out, in) layout.
-    (Measured on the 2-core CPUs we test on: see benchmarks/bench_decode.py.)
+    The cache only stores: how the weights are multiplied while decoding is the decode plan's
+    business (`andrea.decode`), passed to the model as `linear`.
     """
 
     def __init__(self, cfg: ModelConfig, batch_size: int, max_len: int | None = None, device=None, dtype=torch.float32):
@@ -48,38 +44,15 @@ class KVCache:
         shape = (cfg.n_layer, batch_size, cfg.n_head, max_len, cfg.head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.positions = torch.arange(max_len, device=device)  # a key's position, for the masks of fixed-shape steps
         self.max_len = max_len
         self.length = 0
-        self.weights: dict = {}  # (name, layer) -> the weight in its decoding layout, built on first use
 
     def reset(self) -> None:
         self.length = 0
 
-    def linear(self, x: torch.Tensor, key, weight) -> torch.Tensor:
-        """x @ weightᵀ for an (out, in) weight; `weight` is the tensor, or a function that makes it
-        (the stacked q/k/v matrix, made once per generation)."""
-        if key not in self.weights:
-            w = (weight() if callable(weight) else weight).detach()
-            out = w.shape[0]
-            parts = torch.get_num_threads() if w.device.type == "cpu" else 1
-            if parts > 1:
-                # (parts, in, out/parts), zero rows padding out to a multiple of parts: one batched
-                # matmul whose blocks run on separate threads
-                w = F.pad(w, (0, 0, 0, -out % parts))
-                self.weights[key] = ("split", out, w.t().reshape(w.shape[1], parts, -1).permute(1, 0, 2).contiguous())
-            elif out > w.shape[1]:
-                self.weights[key] = ("in-out", out, w.t().contiguous())
-            else:
-                self.weights[key] = ("out-in", out, w)
-        layout, out, w = self.weights[key]
-        if layout == "split":
-            rows = x.reshape(-1, x.shape[-1])
-            y = torch.bmm(rows.expand(w.shape[0], *rows.shape), w)  # (parts, rows, out/parts)
-            return y.permute(1, 0, 2).reshape(*x.shape[:-1], -1)[..., :out]
-        return x @ w if layout == "in-out" else F.linear(x, w)
-
     def check_fits(self, ids: torch.Tensor) -> None:
-        """Raise a ValueError naming the cache's size when ids do not fit in it."""
+        """Raise an AndreaError naming the cache's size when ids do not fit in it."""
         B, T = ids.shape
         if B != self.k.shape[1]:
             raise AndreaError(f"the KV cache was made for batch size {self.k.shape[1]}, got a batch of {B}.")
@@ -102,18 +75,26 @@ class Attention(nn.Module):
         tables stay separate parameters, and gradients flow back to each)."""
         return torch.cat([self.wq.weight, self.wk.weight, self.wv.weight])
 
-    def forward(self, x, rope=None, cache: KVCache | None = None, layer: int = 0):
+    def forward(self, x, rope=None, cache: KVCache | None = None, layer: int = 0, linear=None, where=None, mask=None):
+        """Without a cache: causal attention over x. With one: x's keys and values join the cache,
+        at positions cache.length .. (a Python int), or, in a fixed-shape step, at the positions in
+        the tensor `where`, attending over the whole cache through `mask` (T, max_len)."""
         B, T, d = x.shape
-        if cache is None:
+        if linear is None:
             qkv = F.linear(x, self.qkv_weight())
         else:
-            qkv = cache.linear(x, ("qkv", layer), self.qkv_weight)
-        q, k, v = qkv.view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
-        start = cache.length if cache is not None else 0
+            qkv = linear(x, ("qkv", layer), self.qkv_weight)
+        q, k, v = qkv.view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)  # each (B, nh, T, hs)
+        start = where if where is not None else cache.length if cache is not None else 0
         if rope is not None:
             q, k = rope(q, start), rope(k, start)
         if cache is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        elif where is not None:
+            cache_k, cache_v = cache.k[layer], cache.v[layer]  # (B, nh, max_len, hs)
+            cache_k.index_copy_(2, where, k)
+            cache_v.index_copy_(2, where, v)
+            y = F.scaled_dot_product_attention(q, cache_k, cache_v, attn_mask=mask)  # mask (T, max_len)
         else:
             end = start + T
             cache.k[layer, :, :, start:end] = k
@@ -121,12 +102,14 @@ class Attention(nn.Module):
             k, v = cache.k[layer, :, :, :end], cache.v[layer, :, :, :end]
             if T == 1:
                 y = F.scaled_dot_product_attention(q, k, v)
+            elif start == 0:
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
             else:
                 # query i sits at absolute position start + i and sees keys 0 .. start + i
                 mask = torch.ones(T, end, dtype=torch.bool, device=x.device).tril(diagonal=start)
                 y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         y = y.transpose(1, 2).reshape(B, T, d)
-        return self.wo(y) if cache is None else cache.linear(y, ("wo", layer), self.wo.weight)
+        return self.wo(y) if linear is None else linear(y, ("wo", layer), self.wo.weight)
 
 
 class ReLUSquared(torch.autograd.Function):
@@ -148,6 +131,67 @@ class ReLUSquared(torch.autograd.Function):
         return grad.mul(r).mul_(2)
 
 
+LOSS_CHUNK = 4096  # rows of logits per block of chunked_cross_entropy: 4,096 × 8,512 fp32 logits are 133 MiB
+
+
+class ChunkedCrossEntropy(torch.autograd.Function):
+    """The mean cross-entropy of h @ weightᵀ against targets, a block of rows at a time.
+
+    For each block of rows: its logits in the compute dtype, their log-sum-exp and loss in fp32,
+    and at once the gradient of the mean loss with respect to those logits, (softmax − onehot)/N,
+    multiplied into the gradients of the block's h and of the weight (summed over blocks in
+    fp32). Backward only scales those by the incoming gradient. One block's logits exist at a
+    time, so the batch's logits (and their fp32 copy, and its log-softmax) are never made; the
+    FLOPs are the plain path's, the backward's two matmuls moved into the forward.
+    """
+
+    @staticmethod
+    def forward(ctx, h, weight, targets, chunk: int, multiple: int, dtype, want_grad: bool):
+        N = h.shape[0]
+        V = weight.shape[0]
+        with torch.autocast(h.device.type, enabled=False):
+            w = weight.to(dtype)
+            if multiple > 1 and V % multiple:  # zero rows: a head matmul tensor cores like, logits cut back to V
+                w = F.pad(w, (0, 0, 0, multiple - V % multiple))
+            total = torch.zeros((), dtype=torch.float32, device=h.device)
+            grad_h = torch.empty_like(h) if want_grad else None
+            grad_w = torch.zeros(w.shape, dtype=torch.float32, device=h.device) if want_grad else None
+            for i in range(0, N, chunk):
+                x = h[i : i + chunk].to(dtype)
+                t = targets[i : i + chunk]
+                logits = (x @ w.t())[:, :V].float()
+                lse = torch.logsumexp(logits, dim=1)
+                total += (lse - logits.gather(1, t[:, None]).squeeze(1)).sum()
+                if want_grad:
+                    g = logits.sub_(lse[:, None]).exp_()  # softmax, in the logits' memory
+                    g.scatter_add_(1, t[:, None], torch.full_like(lse[:, None], -1.0))
+                    g = g.div_(N).to(dtype)
+                    if w.shape[0] > V:
+                        g = F.pad(g, (0, w.shape[0] - V))
+                    grad_h[i : i + chunk] = g @ w
+                    grad_w += g.t() @ x
+        if want_grad:
+            ctx.save_for_backward(grad_h, grad_w[:V].to(weight.dtype))
+        return total / N
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        grad_h, grad_w = ctx.saved_tensors
+        return grad_h * grad_out, grad_w * grad_out, None, None, None, None, None
+
+
+def chunked_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int = LOSS_CHUNK,
+                          multiple: int = 1) -> torch.Tensor:
+    """F.cross_entropy(h @ weightᵀ, targets) for h (..., d), weight (V, d), computed `chunk` rows
+    at a time (ChunkedCrossEntropy); under autocast the matmuls take autocast's dtype, as the
+    plain head's would, and `multiple` pads the vocabulary as ANDREA.vocab_multiple does."""
+    dev = h.device.type
+    dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else h.dtype
+    want_grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
+    return ChunkedCrossEntropy.apply(h.reshape(-1, h.shape[-1]), weight, targets.reshape(-1), chunk, multiple,
+                                     dtype, want_grad)
+
+
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -155,15 +199,15 @@ class MLP(nn.Module):
         self.fc2 = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=False)
         self.act = cfg.act
 
-    def forward(self, x, cache: KVCache | None = None, layer: int = 0):
-        h = self.fc1(x) if cache is None else cache.linear(x, ("fc1", layer), self.fc1.weight)
+    def forward(self, x, layer: int = 0, linear=None):
+        h = self.fc1(x) if linear is None else linear(x, ("fc1", layer), self.fc1.weight)
         if self.act == "relu2":
             h = ReLUSquared.apply(h)
         elif self.act == "relu":
             h = F.relu(h)
         else:
             h = F.gelu(h)
-        return self.fc2(h) if cache is None else cache.linear(h, ("fc2", layer), self.fc2.weight)
+        return self.fc2(h) if linear is None else linear(h, ("fc2", layer), self.fc2.weight)
 
 
 class Block(nn.Module):
@@ -174,9 +218,9 @@ class Block(nn.Module):
         self.ln_2 = make_norm(cfg)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, rope=None, cache=None, layer=0):
-        x = x + self.attn(self.ln_1(x), rope, cache, layer)
-        return x + self.mlp(self.ln_2(x), cache, layer)
+    def forward(self, x, rope=None, cache=None, layer=0, linear=None, where=None, mask=None):
+        x = x + self.attn(self.ln_1(x), rope, cache, layer, linear, where, mask)
+        return x + self.mlp(self.ln_2(x), layer, linear)
 
 
 class ANDREA(nn.Module):
@@ -196,6 +240,9 @@ class ANDREA(nn.Module):
         # runs faster on tensor cores; the logical vocabulary, the parameters and the files stay
         # unpadded (the trainer sets this on GPUs; 1 means no padding).
         self.vocab_multiple = 1
+        # Rows of logits per block when the training loss is computed in blocks (chunked_cross_entropy):
+        # None computes it in blocks of LOSS_CHUNK rows on CUDA and whole elsewhere; 0 always whole.
+        self.loss_chunk: int | None = None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -230,33 +277,64 @@ class ANDREA(nn.Module):
             bad = lo if lo < 0 else hi
             raise AndreaError(f"token id {bad} is out of range: ids must be in 0..{self.config.vocab_size - 1} (V = {self.config.vocab_size}).")
 
-    def embed(self, ids: torch.Tensor, start: int = 0) -> torch.Tensor:
-        """The matrix that enters block 1: wte[ids] + wpe[start : start + T]."""
+    def embed(self, ids: torch.Tensor, start: int | torch.Tensor = 0) -> torch.Tensor:
+        """The matrix that enters block 1: wte[ids] + wpe[start : start + T], or wte[ids] +
+        wpe[start] when start is a tensor of T positions."""
         x = self.wte(ids)
-        T = ids.shape[1]
-        if self.config.pos == "learned":
-            x = x + self.wpe.weight[start : start + T]
-        elif self.config.pos == "sinusoidal":
-            x = x + self.pos_table[start : start + T]
+        if self.config.pos in ("learned", "sinusoidal"):
+            table = self.wpe.weight if self.config.pos == "learned" else self.pos_table
+            if isinstance(start, torch.Tensor):
+                x = x + table.index_select(0, start)
+            else:
+                x = x + table[start : start + ids.shape[1]]
         return x
 
-    def forward(self, ids: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None):
-        """Logits (B, T, V) and, with targets, the mean cross-entropy over all positions."""
+    def forward(self, ids: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None,
+                linear=None):
+        """Logits (B, T, V) and, with targets, the mean cross-entropy over all positions.
+
+        With targets and the loss computed in chunks (`loss_chunk`; on CUDA by default) the
+        logits are never made whole, and None is returned in their place. With a cache, ids
+        continue the cached sequence at position cache.length. `linear(x, key, weight)` replaces
+        the plain `x @ weightᵀ` of every matrix (a decode plan's weight layouts, andrea.decode):
+        `key` names the matrix (("qkv", layer), ("wo", layer), ("fc1", layer), ("fc2", layer) or
+        "lm_head") and `weight` is the tensor, or a function that makes it (the stacked q/k/v).
+        """
         start = cache.length if cache is not None else 0
         self.check_ids(ids, start)
         if cache is not None:
             cache.check_fits(ids)
         x = self.embed(ids, start)
         for i, block in enumerate(self.h):
-            x = block(x, self.rope, cache, i)
+            x = block(x, self.rope, cache, i, linear)
         h = self.ln_f(x)
-        logits = self.head(h) if cache is None else cache.linear(h, "lm_head", self.lm_head.weight)
         if cache is not None:
             cache.length += ids.shape[1]
+        if targets is not None:
+            chunk = self.loss_chunk if self.loss_chunk is not None else LOSS_CHUNK if h.is_cuda else 0
+            if chunk > 0:
+                return None, chunked_cross_entropy(h, self.lm_head.weight, targets, chunk, self.vocab_multiple)
+        logits = self.head(h) if linear is None else linear(h, "lm_head", self.lm_head.weight)
         if targets is None:
             return logits, None
         loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
         return logits, loss
+
+    def step(self, ids: torch.Tensor, cache: KVCache, pos: torch.Tensor, linear=None) -> torch.Tensor:
+        """Logits (B, T, V) for ids at positions pos .. pos + T - 1 of the cache, with every shape
+        fixed and nothing read back to the host: pos is a 0-d long tensor on the model's device,
+        keys and values are written there, and attention covers all cache.max_len positions with
+        a mask hiding those after each query. The same call at any position runs the same
+        kernels on the same buffers, so a CUDA graph can capture it once and replay it. The
+        caller checks that the positions fit the context and the cache, and keeps cache.length.
+        """
+        where = pos + torch.arange(ids.shape[1], device=ids.device)
+        mask = cache.positions <= where[:, None]  # (T, max_len): query i sees keys 0 .. pos + i
+        x = self.embed(ids, where)
+        for i, block in enumerate(self.h):
+            x = block(x, self.rope, cache, i, linear, where, mask)
+        h = self.ln_f(x)
+        return self.head(h) if linear is None else linear(h, "lm_head", self.lm_head.weight)
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         V, m = self.config.vocab_size, self.vocab_multiple

@@ -42,10 +42,13 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", angles.cos().float(), persistent=False)
         self.register_buffer("sin", angles.sin().float(), persistent=False)
 
-    def forward(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
-        """x: (B, H, T, head_dim), positions start .. start + T - 1."""
+    def forward(self, x: torch.Tensor, start: int | torch.Tensor = 0) -> torch.Tensor:
+        """x: (B, H, T, head_dim), positions start .. start + T - 1, or the T positions in the
+        tensor start (looked up on the device, never read back: within the table)."""
         T = x.shape[-2]
-        if start + T > self.cos.shape[0]:
+        if isinstance(start, torch.Tensor):
+            cos, sin = self.cos.index_select(0, start).to(x.dtype), self.sin.index_select(0, start).to(x.dtype)
+        elif start + T > self.cos.shape[0]:
             # beyond the table: compute the angles on the fly (rope extrapolates by formula)
             angles = torch.outer(torch.arange(start, start + T, dtype=torch.float64, device=x.device), self.inv_freq)
             cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)

@@ -426,6 +426,13 @@ def test_cli_errors_are_one_sentence_and_exit_2(argv, word, tmp_path, ckpt, harr
     assert word in err
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present")
+def test_cli_device_cuda_without_one_is_one_sentence(ckpt, capsys):
+    code, out, err = run(capsys, "generate", "--checkpoint", ckpt, "--prompt", "x", "--device", "cuda")
+    assert_one_sentence_error(code, out, err)
+    assert "CUDA" in err
+
+
 def test_cli_empty_prompt_from_stdin_is_refused(ckpt, capsys, monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.StringIO("\n"))
     assert_one_sentence_error(*run(capsys, "generate", "--checkpoint", ckpt))

@@ -13,6 +13,19 @@ def _sampling(args) -> dict:
                 top_p=args.top_p, seed=args.seed, greedy=args.greedy)
 
 
+def _device(args) -> str:
+    """--device: auto is CUDA where torch sees a device (decoded as a replayed CUDA graph), else the CPU."""
+    import torch
+
+    from andrea.errors import AndreaError
+
+    if args.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise AndreaError("--device cuda: torch sees no CUDA device here; use --device cpu (or auto).")
+    return args.device
+
+
 def cmd_generate(args) -> int:
     from andrea.generate import load
 
@@ -22,7 +35,7 @@ def cmd_generate(args) -> int:
         prompt = sys.stdin.read()
         if prompt.endswith("\n"):
             prompt = prompt[:-1]
-    generator = load(args.checkpoint)
+    generator = load(args.checkpoint, _device(args))
     out = sys.stdout
     for piece in generator.stream(prompt, **sampling):
         out.write(piece)
@@ -36,7 +49,7 @@ def cmd_chat(args) -> int:
     from andrea.generate import load
 
     sampling = _sampling(args)
-    chat = load(args.checkpoint).chat(**sampling)
+    chat = load(args.checkpoint, _device(args)).chat(**sampling)
     out, interactive = sys.stdout, sys.stdin.isatty()
     while True:
         if interactive:
@@ -63,6 +76,8 @@ def _add_sampling_args(p) -> None:
     p.add_argument("--top-p", type=float, default=None, help="sample only among the most likely tokens holding probability P (0 < P <= 1)")
     p.add_argument("--seed", type=int, default=None, help="seed of the sampler: the same seed gives the same text")
     p.add_argument("--greedy", action="store_true", help="always take the most likely token")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="where the model runs (default auto: a CUDA GPU if torch sees one, else the CPU)")
 
 
 def register(sub) -> None:

@@ -1,0 +1,340 @@
+"""The decode plan: fixed-shape steps and their graph replay against the plain paths, weight
+layouts against F.linear, and the chunked training loss against the plain cross-entropy."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import andrea.decode as decode
+from andrea.config import POSITION_SCHEMES, ModelConfig
+from andrea.decode import CPULayouts, DecodePlan, StackedQKV
+from andrea.errors import AndreaError
+from andrea.generate import BOS, generate_ids
+from andrea.model import ANDREA, KVCache, chunked_cross_entropy
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def tiny_model(block_size=32, pos="learned", seed=0, vocab_size=300, n_embd=32, n_head=4):
+    """2 layers with unit-scale weights: the tokens picked depend on the whole context."""
+    torch.manual_seed(seed)
+    cfg = ModelConfig(vocab_size=vocab_size, n_embd=n_embd, n_head=n_head, n_layer=2, block_size=block_size, pos=pos)
+    model = ANDREA(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 1.0 / math.sqrt(p.shape[1]))
+    return model
+
+
+def prompt_of(n, seed=1, vocab_size=300):
+    return torch.randint(0, vocab_size, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def greedy(model, prompt, n, **kw):
+    return generate_ids(model, prompt, n, greedy=True, stop_at_bos=False, **kw)
+
+
+# ---------------------------------------------------------------- fixed-shape steps
+
+
+@pytest.mark.parametrize("pos", POSITION_SCHEMES)
+def test_static_steps_give_the_no_cache_tokens_for_every_position_scheme_across_slides(pos):
+    # context 32: a 20-token prompt and 60 new tokens slide the window twice
+    model = tiny_model(pos=pos)
+    prompt = prompt_of(20)
+    reference = greedy(model, prompt, 60, use_cache=False)
+    assert len(set(reference)) > 10
+    assert greedy(model, prompt, 60, decode="static") == reference
+    assert greedy(model, prompt, 60, decode="dynamic") == reference
+    # a prompt longer than the context starts from its last half
+    long_prompt = prompt_of(45, seed=2)
+    assert greedy(model, long_prompt, 40, decode="static") == greedy(model, long_prompt, 40, use_cache=False)
+
+
+@pytest.mark.parametrize("pos", POSITION_SCHEMES)
+def test_step_matches_the_forward_pass_at_every_position(pos):
+    model = tiny_model(block_size=16, pos=pos)
+    ids = torch.tensor([prompt_of(16, seed=3)])
+    with torch.no_grad():
+        full = model(ids)[0]
+        cache = KVCache(model.config, 1, max_len=64)
+        model(ids[:, :3], cache=cache)
+        steps = [model.step(ids[:, t : t + 1], cache, torch.tensor(t))[:, 0] for t in range(3, 16)]
+    torch.testing.assert_close(torch.stack(steps, 1), full[:, 3:], rtol=0, atol=1e-5)
+
+
+def test_the_static_plan_reuses_its_buffers_and_keeps_the_cache_length():
+    model = tiny_model()
+    plan = DecodePlan(model, max_len=20, mode="static")
+    assert plan.cache.max_len == 64  # fixed-shape caches are a multiple of 64 positions
+    pointers = (plan.cache.k.data_ptr(), plan.cache.v.data_ptr(), plan.ids.data_ptr(), plan.pos.data_ptr())
+    plan.prefill(prompt_of(5))
+    for t in range(10):
+        plan.step(t)
+        assert plan.cache.length == 6 + t and int(plan.pos) == 5 + t
+    assert (plan.cache.k.data_ptr(), plan.cache.v.data_ptr(), plan.ids.data_ptr(), plan.pos.data_ptr()) == pointers
+
+
+def test_a_static_step_past_the_context_names_it():
+    model = tiny_model(block_size=16)
+    plan = DecodePlan(model, mode="static")
+    plan.prefill(prompt_of(16))
+    with pytest.raises(AndreaError, match=r"\b16\b"):
+        plan.step(1)
+    plan.prefill(prompt_of(3))
+    with pytest.raises(AndreaError, match=r"\b300\b"):
+        plan.step(300)
+
+
+def test_the_step_is_one_graph_with_no_host_reads_at_any_position():
+    # what a CUDA graph needs, checked on the CPU: dynamo traces the plan's step as one graph
+    # (fullgraph), with no value read back to the host in it, and runs that graph at every
+    # position without tracing again (a Python value the step depended on would force a retrace)
+    import torch._dynamo
+
+    host_reads = {"item", "tolist", "__int__", "__float__", "__bool__"}
+    graphs = []
+
+    def inspect(gm, example_inputs):
+        graphs.append([n.target for n in gm.graph.nodes if n.op == "call_method" and n.target in host_reads
+                       or n.op == "call_function" and "local_scalar_dense" in str(n.target)])
+        return gm.forward
+
+    model = tiny_model(pos="rope")
+    reference = greedy(model, prompt_of(6), 12, decode="dynamic")
+    plan = DecodePlan(model, max_len=24, mode="static")
+    torch._dynamo.reset()
+    model.step = torch.compile(model.step, fullgraph=True, backend=inspect, dynamic=False)
+    try:
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            logits = plan.prefill(prompt_of(6))
+            out = []
+            for _ in range(12):
+                out.append(int(logits.argmax()))
+                logits = plan.step(out[-1])
+    finally:
+        del model.step
+        torch._dynamo.reset()
+    assert graphs == [[]]
+    assert out == reference
+
+
+def test_graph_mode_without_cuda_runs_the_same_step_eagerly_and_says_why():
+    model = tiny_model()
+    prompt = prompt_of(20)
+    plan = DecodePlan(model, max_len=30, mode="graph")
+    plan.prefill(prompt)
+    plan.step(5)
+    assert plan.graph is None and "CUDA" in plan.fallback
+    assert greedy(model, prompt, 50, decode="graph") == greedy(model, prompt, 50, use_cache=False)
+
+
+def test_a_failed_capture_falls_back_to_eager_steps(monkeypatch):
+    calls = []
+
+    def refuse(run, device, warmup=2):
+        calls.append(device)
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(decode, "capture_graph", refuse)
+    model = tiny_model()
+    plan = DecodePlan(model, mode="graph")
+    logits = plan.prefill(prompt_of(4))
+    for _ in range(5):
+        logits = plan.step(int(logits.argmax()))
+    assert len(calls) == 1 and plan.fallback == "RuntimeError: operation not permitted when stream is capturing"
+
+
+def test_a_replayed_output_buffer_is_what_each_step_returns(monkeypatch):
+    # a stand-in for a graph: replay reruns the captured function and writes the captured output,
+    # as a CUDA graph writes its output buffer; the plan must fill its buffers before each replay
+    class Replay:
+        def __init__(self, run):
+            self.run = run
+
+        def replay(self):
+            self.output.copy_(self.run())
+
+    def capture(run, device, warmup=2):
+        graph = Replay(run)
+        graph.output = run().clone()
+        return graph, graph.output
+
+    monkeypatch.setattr(decode, "capture_graph", capture)
+    model = tiny_model(pos="sinusoidal")
+    prompt = prompt_of(10)
+    tokens = greedy(model, prompt, 40, decode="graph")
+    assert tokens == greedy(model, prompt, 40, use_cache=False)
+
+
+def test_sampling_and_bos_behave_the_same_with_fixed_shapes():
+    model = tiny_model()
+    prompt = prompt_of(12)
+    for kw in ({"seed": 3}, {"seed": 4, "top_k": 5}, {"seed": 5, "top_p": 0.8, "temperature": 0.7}):
+        assert (generate_ids(model, prompt, 30, stop_at_bos=False, decode="static", **kw)
+                == generate_ids(model, prompt, 30, stop_at_bos=False, use_cache=False, **kw))
+    with torch.no_grad():  # a model that always says BOS: nothing comes out
+        model.lm_head.weight.zero_()
+        model.lm_head.weight[BOS] = 1.0
+        model.ln_f.weight.zero_()
+        model.ln_f.bias.fill_(1.0)
+    assert generate_ids(model, prompt, 10, decode="static") == []
+
+
+def test_an_unknown_decode_mode_is_refused():
+    with pytest.raises(AndreaError, match="decode mode"):
+        generate_ids(tiny_model(), [1, 2], 3, decode="fast")
+    with pytest.raises(AndreaError, match="decode mode"):
+        DecodePlan(tiny_model(), mode="fast")
+
+
+# ---------------------------------------------------------------- weight layouts
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_cpu_layouts_multiply_like_f_linear(threads):
+    g = torch.Generator().manual_seed(0)
+    linear = CPULayouts(threads)
+    for key, shape in (("narrow", (10, 32)), ("wide", (67, 32)), ("square", (32, 32))):
+        w = torch.randn(shape, generator=g)
+        x = torch.randn(3, 1, 32, generator=g)
+        torch.testing.assert_close(linear(x, key, w), F.linear(x, w), rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(linear(x, key, w), F.linear(x, w), rtol=1e-6, atol=1e-6)  # the kept copy
+    assert linear.weights["wide"][0] == ("split" if threads > 1 else "in-out")
+
+
+def test_the_stacked_qkv_matrix_is_made_once():
+    made = []
+    w = torch.randn(12, 4)
+
+    def make():
+        made.append(1)
+        return w
+
+    linear = StackedQKV()
+    x = torch.randn(1, 1, 4)
+    for _ in range(3):
+        torch.testing.assert_close(linear(x, ("qkv", 0), make), F.linear(x, w))
+    assert len(made) == 1
+
+
+# ---------------------------------------------------------------- the chunked training loss
+
+
+def plain_and_chunked(h, w, t, chunk, multiple=1):
+    out = []
+    for fn in (lambda a, b: F.cross_entropy(F.linear(a, b).float().flatten(0, 1), t.flatten()),
+               lambda a, b: chunked_cross_entropy(a, b, t, chunk, multiple)):
+        a, b = h.clone().requires_grad_(), w.clone().requires_grad_()
+        loss = fn(a, b)
+        (3.0 * loss).backward()  # an incoming gradient other than 1
+        out.append((loss.detach(), a.grad, b.grad))
+    return out
+
+
+@pytest.mark.parametrize("chunk,multiple", [(7, 1), (16, 64), (1000, 1)])
+def test_chunked_cross_entropy_equals_the_plain_one_in_fp32(chunk, multiple):
+    g = torch.Generator().manual_seed(0)
+    h, w = torch.randn(3, 11, 24, generator=g), torch.randn(101, 24, generator=g) * 0.5
+    t = torch.randint(0, 101, (3, 11), generator=g)
+    (loss, gh, gw), (closs, cgh, cgw) = plain_and_chunked(h, w, t, chunk, multiple)
+    torch.testing.assert_close(closs, loss, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(cgh, gh, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(cgw, gw, rtol=1e-5, atol=1e-6)
+    with torch.no_grad():  # evaluation: the same loss, no gradients made
+        torch.testing.assert_close(chunked_cross_entropy(h, w, t, chunk, multiple), loss, rtol=1e-6, atol=1e-6)
+
+
+def test_chunked_cross_entropy_under_bf16_autocast_stays_within_bf16_of_the_plain_one():
+    g = torch.Generator().manual_seed(1)
+    h, w = torch.randn(2, 16, 32, generator=g), torch.randn(77, 32, generator=g) * 0.3
+    t = torch.randint(0, 77, (2, 16), generator=g)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        (loss, gh, gw), (closs, cgh, cgw) = plain_and_chunked(h, w, t, 8)
+    assert closs.dtype == torch.float32 and cgh.dtype == torch.float32 and cgw.dtype == torch.float32
+    torch.testing.assert_close(closs, loss, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(cgh, gh, rtol=2e-2, atol=2e-3)
+    torch.testing.assert_close(cgw, gw, rtol=2e-2, atol=2e-3)
+
+
+def test_the_model_loss_in_chunks_equals_the_whole_one():
+    torch.manual_seed(0)
+    model = ANDREA(ModelConfig(vocab_size=300, n_embd=32, n_head=4, n_layer=2, block_size=16))
+    ids = torch.randint(0, 300, (2, 17))
+    model.vocab_multiple = 64
+    grads = []
+    for chunk in (0, 5):
+        model.loss_chunk = chunk
+        model.zero_grad()
+        logits, loss = model(ids[:, :-1], ids[:, 1:])
+        assert (logits is None) == (chunk > 0)
+        loss.backward()
+        grads.append((loss.detach(), [p.grad.clone() for p in model.parameters()]))
+    (loss, g0), (closs, g1) = grads
+    torch.testing.assert_close(closs, loss, rtol=1e-6, atol=1e-6)
+    for a, b in zip(g0, g1):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+    model.loss_chunk = None  # the default: whole on a CPU
+    assert model(ids[:, :-1], ids[:, 1:])[0] is not None
+
+
+# ---------------------------------------------------------------- on a CUDA device
+
+
+@cuda
+def test_cuda_graph_replay_gives_the_eager_tokens():
+    model = tiny_model(block_size=64).cuda()
+    prompt = prompt_of(30)
+    plan = DecodePlan(model, mode="graph")
+    plan.prefill(prompt)
+    plan.step(1)
+    assert plan.graph is not None, plan.fallback
+    graphed = greedy(model, prompt, 80, decode="graph")
+    assert graphed == greedy(model, prompt, 80, decode="static")
+    assert graphed == greedy(model, prompt, 80, use_cache=False)
+
+
+@cuda
+def test_no_host_sync_in_a_training_step_or_a_decode_step():
+    model = tiny_model(block_size=64).cuda().train()
+    ids = torch.randint(0, 300, (2, 33), device="cuda")
+    plan = DecodePlan(model.eval(), mode="static")
+    plan.prefill(prompt_of(5))
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            _, loss = model.train()(ids[:, :-1], ids[:, 1:])
+        loss.backward()
+        model.eval()
+        with torch.inference_mode():
+            plan.ids.fill_(3)
+            plan.pos.fill_(5)
+            plan._run_step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@cuda
+def test_the_cuda_default_loss_in_blocks_stays_within_bf16_of_the_whole_one():
+    torch.manual_seed(0)
+    model = ANDREA(ModelConfig(vocab_size=300, n_embd=64, n_head=4, n_layer=2, block_size=64)).cuda()
+    model.vocab_multiple = 64
+    ids = torch.randint(0, 300, (4, 65), device="cuda")
+    out = []
+    for chunk in (0, None):  # whole, then the CUDA default (blocks of LOSS_CHUNK rows)
+        model.loss_chunk = chunk
+        model.zero_grad()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits, loss = model(ids[:, :-1], ids[:, 1:])
+        assert (logits is None) == (chunk is None)
+        loss.backward()
+        out.append((loss.detach(), model.lm_head.weight.grad.clone(), model.wte.weight.grad.clone()))
+    (a, ga, wa), (b, gb, wb) = out
+    torch.testing.assert_close(b, a, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(gb, ga, rtol=5e-2, atol=5e-3)
+    torch.testing.assert_close(wb, wa, rtol=5e-2, atol=5e-3)
