@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from andrea.errors import AndreaError
-from andrea.files import atomic_write_bytes, check_writable
+from andrea.files import atomic_write_bytes, check_writable, read_json
 
 MAGIC = b"ANDREATK"
 VERSION = 1
@@ -55,7 +55,7 @@ def open_shard(path: Path) -> np.memmap:
         raise AndreaError(f"shard {path} is too short to hold a header ({len(head)} bytes); it is truncated or not a shard.")
     magic, version, width, count, _ = HEADER.unpack(head)
     if magic != MAGIC:
-        raise AndreaError(f"{path} is not an andrea token shard (its first bytes are {magic!r}).")
+        raise AndreaError(f"{path} is not an andrea token shard (it does not start with {MAGIC.decode()}).")
     if version != VERSION or width != 2:
         raise AndreaError(f"shard {path} has format version {version} with {width}-byte tokens; expected version {VERSION}, 2 bytes.")
     expected = HEADER.size + 2 * count
@@ -140,14 +140,8 @@ class TokenData:
             raise AndreaError(f"data folder {self.dir} does not exist; make one with `andrea prepare`.")
         if not manifest_path.exists():
             raise AndreaError(f"{self.dir} has no manifest.json; make the folder with `andrea prepare`.")
-        try:
-            self.manifest = json.loads(manifest_path.read_text())
-            assert self.manifest.get("format") == "andrea-shards"
-            sources = self.manifest["sources"]
-        except (json.JSONDecodeError, AssertionError, KeyError, TypeError):
-            raise AndreaError(f"{manifest_path} is not an andrea shard manifest.") from None
-        if not sources:
-            raise AndreaError(f"{manifest_path} lists no sources.")
+        self.manifest = check_manifest(read_json(manifest_path, "manifest"), manifest_path)
+        sources = self.manifest["sources"]
         self.sources: dict[str, SourceShards] = {}
         for name, entry in sources.items():
             train = open_shard(self.dir / entry["train"]["file"])
@@ -155,7 +149,7 @@ class TokenData:
             if len(train) != entry["train"]["tokens"] or len(val) != entry["val"]["tokens"]:
                 raise AndreaError(f"the shards of {name} do not hold the token counts the manifest lists.")
             if len(train) and int(train.max()) >= self.vocab_size:
-                raise AndreaError(f"shard {entry['train']['file']} holds ids >= V = {self.vocab_size}.")
+                raise AndreaError(f"shard {self.dir / entry['train']['file']} holds ids >= V = {self.vocab_size:,}.")
             self.sources[name] = SourceShards(name, train, val)
 
     @property
@@ -201,3 +195,57 @@ class TokenData:
         batch = np.stack([tokens[i * seq_len : i * seq_len + seq_len + 1] for i in range(n)]).astype(np.int64)
         batch = torch.from_numpy(batch)
         return batch[:, :-1], batch[:, 1:]
+
+
+# ---------------------------------------------------------------- checks before a run reads anything
+
+
+def check_manifest(manifest, where) -> dict:
+    """The manifest, once every field a reader uses is known to be there and of its kind; shard
+    files must be plain names inside the data folder (nothing of another file is ever opened)."""
+    def bad(what):
+        raise AndreaError(f"{where} is not a valid andrea shard manifest: {what}.")
+
+    if not isinstance(manifest, dict) or manifest.get("format") != "andrea-shards":
+        bad('it has no "format": "andrea-shards"')
+    if manifest.get("version", VERSION) != VERSION:
+        bad(f"its version is {str(manifest.get('version'))[:20]!r}, not {VERSION}")
+    if not isinstance(manifest.get("tokenizer"), str):
+        bad("its tokenizer fingerprint is missing")
+    V = manifest.get("vocab_size")
+    if not _count(V) or not 257 <= V <= 65536:
+        bad(f"vocab_size must be an integer in 257..65536, got {str(V)[:20]!r}")
+    sources = manifest.get("sources")
+    if not isinstance(sources, dict) or not sources:
+        bad("it lists no sources")
+    for name, entry in sources.items():
+        if not isinstance(entry, dict):
+            bad(f"source {name!r} is not an object")
+        for split in ("train", "val"):
+            part = entry.get(split)
+            if not isinstance(part, dict):
+                bad(f"source {name!r} has no {split} split")
+            file = part.get("file")
+            if not isinstance(file, str) or not file or Path(file).name != file or file in (".", ".."):
+                bad(f"the {split} shard of {name!r} must be a file name inside the data folder")
+            for key in ("tokens", "documents", "bytes"):
+                if key in part and not _count(part[key]) or key == "tokens" and key not in part:
+                    bad(f"{split} {key} of {name!r} must be a non-negative integer")
+    return manifest
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def check_validation(data: "TokenData", names, seq_len: int) -> None:
+    """Every validation shard a run will evaluate holds at least one window of seq_len + 1 tokens
+    and only ids below V: checked before the first step, not found at the first evaluation."""
+    V = data.vocab_size
+    for name in names:
+        val = data.sources[name].val
+        if len(val) < seq_len + 1:
+            raise AndreaError(f"source {name} has {len(val):,} validation tokens, fewer than one window of "
+                              f"{seq_len + 1}; prepare more text or use a shorter --seq-len.")
+        if int(val.max()) >= V:
+            raise AndreaError(f"the validation shard of {name} holds ids >= V = {V:,}; it is damaged.")
