@@ -20,6 +20,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import secrets
 from contextlib import contextmanager
 from pathlib import Path
@@ -76,17 +77,26 @@ def atomic_output(path):
 
 
 def _is_write_error(e: BaseException) -> bool:
-    """A writer's own wrapping of an OSError (safetensors reports I/O errors as SafetensorError)."""
-    return type(e).__name__ == "SafetensorError" and isinstance(e.__context__, OSError) or \
-        type(e).__name__ == "SafetensorError" and "os error" in str(e).lower()
+    """A writer's own wrapping of a system error (safetensors reports them as SafetensorError
+    with "(os error N)" in its message)."""
+    return _os_errno(e) is not None
+
+
+def _os_errno(e: BaseException) -> int | None:
+    found = re.search(r"\(os error (\d+)\)", str(e))
+    return int(found.group(1)) if found else None
 
 
 def write_error_reason(e: BaseException) -> str:
     """What the system said, in a few words: "No space left on device", "Read-only file system"."""
-    if isinstance(e, OSError) and e.strerror:
-        return e.strerror
-    if isinstance(e, OSError) and e.errno:
-        return os.strerror(e.errno)
+    if isinstance(e, OSError):
+        if e.strerror:
+            return e.strerror
+        if e.errno:
+            return os.strerror(e.errno)
+    code = _os_errno(e)
+    if code is not None:
+        return os.strerror(code)
     return str(e).splitlines()[0][:120] if str(e) else type(e).__name__
 
 

@@ -287,3 +287,211 @@ def test_every_damaged_field_ends_cleanly_in_every_reader(data_dir, model_json, 
             accepted.append(label)
         assert all(n <= bound for n in built_models), (label, built_models, bound)
     print(len(cases), "cases", refused, "refused by andrea.load; train --resume accepted:", accepted)
+
+
+def test_a_config_claiming_a_huge_model_is_refused_without_allocating(run_dir, tmp_path):
+    """vocab 10^9 and 10^6 layers in a small file: refused by arithmetic, in a fresh process whose
+    peak memory is measured (the model that config claims would need terabytes)."""
+    bad = rewrite(run_dir / "latest.safetensors", meta=lambda m: m["config"].update(vocab_size=10**9, n_layer=10**6),
+                  dst=tmp_path / "huge.safetensors")
+    code = ("import resource, sys\nfrom andrea.cli import main\n"
+            f"status = main(['generate', '--checkpoint', {str(bad)!r}, '--prompt', 'the'])\n"
+            "print('peak', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, file=sys.stderr)\n"
+            "sys.exit(status)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    err = done.stderr.splitlines()
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert err[0].startswith("andrea: error: ") and "describes a model of" in err[0]
+    peak = int(err[1].split()[1])
+    assert peak < 1_000_000_000, f"peak {peak:,} bytes"  # the interpreter with torch loaded is most of it
+
+
+# ---------------------------------------------------------------- 2. inputs checked before the first step
+
+
+def damaged_data(data_dir: Path, tmp_path: Path) -> Path:
+    import shutil
+
+    dst = tmp_path / "data"
+    shutil.copytree(data_dir, dst)
+    return dst
+
+
+def test_validation_shards_are_checked_before_the_first_step(data_dir, model_json, tmp_path, capsys):
+    from andrea.data import write_shard
+
+    # ids >= V in the validation shard (the file itself is a well-formed shard)
+    data = damaged_data(data_dir, tmp_path)
+    val = data / "text.val.tok"
+    tokens = np.fromfile(val, dtype="<u2", offset=HEADER.size).copy()
+    tokens[5] = TokenData(data_dir).vocab_size + 3
+    write_shard(val, tokens)
+    code, _, err = cli(capsys, *train_args(data, model_json, tmp_path / "r1"))
+    assert "validation shard of text holds ids >= V" in one_sentence(code, err)
+    assert not (tmp_path / "r1" / "metrics.jsonl").exists()  # refused before any step
+    # too short for one window of seq_len + 1
+    write_shard(val, tokens[:10])
+    manifest = json.loads((data / "manifest.json").read_text())
+    manifest["sources"]["text"]["val"]["tokens"] = 10
+    (data / "manifest.json").write_text(json.dumps(manifest))
+    code, _, err = cli(capsys, *train_args(data, model_json, tmp_path / "r2"))
+    assert "10 validation tokens, fewer than one window of 17" in one_sentence(code, err)
+    assert not (tmp_path / "r2" / "metrics.jsonl").exists()
+
+
+SECRET = b"root:x:0:0:secret-bytes"
+
+
+@pytest.mark.parametrize("damage, expected", [
+    (lambda m: m["sources"].__setitem__("text", ["not", "an", "object"]), "is not an object"),
+    (lambda m: m["sources"]["text"].pop("val"), "has no val split"),
+    (lambda m: m["sources"]["text"]["train"].__setitem__("tokens", "many"), "train tokens"),
+    (lambda m: m["sources"]["text"]["train"].__setitem__("tokens", 1.5), "train tokens"),
+    (lambda m: m.__setitem__("sources", {}), "lists no sources"),
+    (lambda m: m.__setitem__("sources", []), "lists no sources"),
+    (lambda m: m.__setitem__("vocab_size", "big"), "vocab_size"),
+    (lambda m: m.pop("tokenizer"), "fingerprint"),
+    (lambda m: m["sources"]["text"]["train"].__setitem__("file", "../outside.tok"), "inside the data folder"),
+    (lambda m: m["sources"]["text"]["train"].__setitem__("file", "OUTSIDE"), "inside the data folder"),
+    (lambda m: m["sources"]["text"]["val"].__setitem__("file", 7), "inside the data folder"),
+])
+def test_a_malformed_manifest_is_one_sentence(data_dir, model_json, tmp_path, capsys, damage, expected):
+    data = damaged_data(data_dir, tmp_path)
+    (tmp_path / "outside.tok").write_bytes(SECRET)
+    manifest = json.loads((data / "manifest.json").read_text())
+    damage(manifest)
+    text = json.dumps(manifest).replace('"OUTSIDE"', json.dumps(str(tmp_path / "outside.tok")))
+    (data / "manifest.json").write_text(text)
+    code, _, err = cli(capsys, *train_args(data, model_json, tmp_path / "r"))
+    line = one_sentence(code, err)
+    assert expected in line and "secret" not in line and "root:x" not in line
+
+
+# ---------------------------------------------------------------- 3. the environment fails
+
+
+@pytest.mark.parametrize("code_, words", [(errno.ENOSPC, "No space left on device"), (errno.EROFS, "Read-only file system"),
+                                          (errno.EACCES, "Permission denied")])
+def test_a_failing_write_keeps_the_last_checkpoint_whole(data_dir, model_json, run_dir, tmp_path, capsys, monkeypatch,
+                                                         code_, words):
+    """The disk fills (or turns read-only, or refuses) while a checkpoint is written: the write
+    stops half-way, the run ends in one sentence, and the checkpoints before it are byte-identical."""
+    import andrea.checkpoint
+
+    out = copy_run(run_dir, tmp_path / "r")
+    before = snapshot(out)
+
+    def failing_save(tensors, filename, metadata=None):
+        Path(filename).write_bytes(b"half a checkpoint")
+        raise OSError(code_, os.strerror(code_), filename)
+
+    monkeypatch.setattr(andrea.checkpoint, "save_file", failing_save)
+    code, _, err = cli(capsys, *train_args(data_dir, model_json, out, "--resume", steps=6))
+    line = one_sentence(code, err)
+    assert f"could not write {out / 'latest.safetensors'} ({words}); it is as it was" in line
+    assert snapshot(out) == before
+    assert not [p for p in out.iterdir() if ".tmp-" in p.name]
+    monkeypatch.undo()
+    assert cli(capsys, *train_args(data_dir, model_json, out, "--resume", steps=6))[0] == 0
+
+
+def test_a_real_write_failure_from_the_kernel(data_dir, model_json, run_dir, tmp_path):
+    """The same through the real writer: a fresh process whose files may not grow past 64 KiB
+    (RLIMIT_FSIZE makes the kernel fail the write with EFBIG, as a full disk fails it)."""
+    out = copy_run(run_dir, tmp_path / "r")
+    before = snapshot(out)
+    code = ("import resource, signal, sys\nsignal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (65536, 65536))\nfrom andrea.cli import main\n"
+            f"sys.exit(main({[str(a) for a in train_args(data_dir, model_json, out, '--resume', steps=6)]!r}))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert f"could not write {out / 'latest.safetensors'} (File too large)" in done.stderr.splitlines()[-1]
+    assert snapshot(out) == before and not [p for p in out.iterdir() if ".tmp-" in p.name]
+
+
+@pytest.mark.parametrize("command", ["generate", "chat"])
+def test_input_that_is_not_utf8_is_one_sentence(run_dir, capsys, monkeypatch, command):
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"caf\xe9 au lait\n"), encoding="utf-8"))
+    code, _, err = cli(capsys, command, "--checkpoint", run_dir, "--max-new-tokens", "3")
+    assert "not UTF-8 text (byte 0xe9 at offset 3" in one_sentence(code, err)
+
+
+def test_a_prompt_argument_that_is_not_utf8_is_one_sentence(run_dir, capsys):
+    bad = b"caf\xe9".decode("utf-8", "surrogateescape")  # how Python hands over such an argument
+    code, _, err = cli(capsys, "generate", "--checkpoint", run_dir, "--prompt", bad)
+    assert "not UTF-8" in one_sentence(code, err)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["generate", "--seed", str(2**70), "--prompt", "x"], "seed must be an integer in 0..2^64-1"),
+    (["generate", "--seed", "-1", "--prompt", "x"], "seed must be an integer in 0..2^64-1"),
+    (["train", "--seed", str(10**30)], "seed must be at most"),
+    (["train", "--batch-size", str(10**30)], "batch_size must be at most 1,048,576"),
+    (["train", "--micro-batch", str(2**64)], "micro_batch must be at most"),
+    (["experiment", "positions", "--lr", "nan"], "lr must be a positive finite number"),
+    (["experiment", "positions", "--lr", "inf"], "lr must be a positive finite number"),
+    (["experiment", "positions", "--seed", str(2**64)], "seed must be an integer in 0..2^64-1"),
+    (["experiment", "positions", "--batch-size", str(10**20)], "batch-size must be an integer in 1..1,048,576"),
+])
+def test_numbers_out_of_range_are_one_sentence(data_dir, model_json, run_dir, tmp_path, capsys, args, words):
+    if args[0] == "generate":
+        args = [*args, "--checkpoint", str(run_dir)]
+    elif args[0] == "train":
+        args = [*train_args(data_dir, model_json, tmp_path / "r"), *args[1:]]
+    else:
+        args = [*args, "--data", str(data_dir), "--out", str(tmp_path / "x")]
+    code, _, err = cli(capsys, *args)
+    assert words in one_sentence(code, err)
+
+
+# ---------------------------------------------------------------- 4. one run per folder
+
+
+def test_a_second_run_in_a_running_folder_exits_2_naming_the_process(data_dir, model_json, tmp_path):
+    out = tmp_path / "r"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    first = subprocess.Popen([sys.executable, "-m", "andrea", *train_args(data_dir, model_json, out, steps=100000)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    try:
+        deadline = time.time() + 90
+        while not (out / "latest.safetensors").exists():  # it holds the folder and has saved once
+            assert first.poll() is None and time.time() < deadline, first.stderr.read().decode()
+            time.sleep(0.1)
+        for extra in ([], ["--resume"]):
+            second = subprocess.run([sys.executable, "-m", "andrea", *train_args(data_dir, model_json, out, *extra)],
+                                    capture_output=True, text=True, env=env, timeout=120)
+            assert second.returncode == 2 and "Traceback" not in second.stderr
+            assert f"is in use by process {first.pid}" in second.stderr.strip().splitlines()[-1]
+        assert first.poll() is None  # the first run goes on undisturbed
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    # the lock of a killed process is gone with it: the folder resumes at once
+    done = subprocess.run([sys.executable, "-m", "andrea", *train_args(data_dir, model_json, out, "--resume", steps=10**6),
+                           "--max-steps", str(load_checkpoint(out / "latest.safetensors").step + 1)],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_lock_is_released_when_a_run_ends(data_dir, model_json, run_dir, tmp_path):
+    from andrea.files import FolderLock
+
+    out = copy_run(run_dir, tmp_path / "r")
+    with FolderLock(out, "the run folder"):
+        with pytest.raises(AndreaError, match=f"in use by process {os.getpid()}"):
+            FolderLock(out, "the run folder")
+    FolderLock(out, "the run folder").release()  # free again
+
+
+# ---------------------------------------------------------------- 5. smaller things
+
+
+def test_embed_forward_saves_to_exactly_the_path_it_reports(run_dir, tmp_path, capsys):
+    target = tmp_path / "x"
+    code, out, err = cli(capsys, "embed", "forward", "--checkpoint", run_dir, "the king", "--save", target)
+    assert code == 0, err
+    assert f"to {target}\n" in out and not (tmp_path / "x.npy").exists()
+    x = np.load(target)
+    assert x.dtype == np.float32 and x.shape[1] == 32
