@@ -495,3 +495,17 @@ def test_embed_forward_saves_to_exactly_the_path_it_reports(run_dir, tmp_path, c
     assert f"to {target}\n" in out and not (tmp_path / "x.npy").exists()
     x = np.load(target)
     assert x.dtype == np.float32 and x.shape[1] == 32
+
+
+def test_a_one_line_text_file_is_split_not_duplicated(tmp_path):
+    """A text of a single line (one block, one document) gives validation text that is not in
+    training: the tail of the line, cut at a space, about a twentieth of it."""
+    from andrea.corpus import load_documents
+
+    words = [f"w{i}" for i in range(5000)]
+    path = tmp_path / "one.txt"
+    path.write_text(" ".join(words))
+    train, val = load_documents(str(path)), load_documents(str(path), "val")
+    assert len(train) == len(val) == 1
+    assert (train[0] + " " + val[0]).split() == words  # every word once, in order
+    assert 0.03 < len(val[0]) / len(path.read_text()) < 0.07
