@@ -65,9 +65,11 @@ class PositionsExperiment:
         from andrea.trainconfig import MAX_BATCH, MAX_INT
 
         for name, high in (("steps", MAX_INT), ("seq_len", 2**20), ("batch_size", MAX_BATCH), ("eval_windows", MAX_BATCH)):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= high:
-                raise AndreaError(f"{name.replace('_', '-')} must be an integer in 1..{high:,}, got {str(value)[:40]}.")
+            value, flag = getattr(self, name), name.replace("_", "-")
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise AndreaError(f"{flag} must be at least 1, got {str(value)[:40]}.")
+            if value > high:
+                raise AndreaError(f"{flag} must be at most {high:,}, got {str(value)[:40]}.")
         check_seed(self.seed)
         if not isinstance(self.lr, (int, float)) or isinstance(self.lr, bool) or not 0 < self.lr < math.inf:
             raise AndreaError(f"lr must be a positive finite number, got {self.lr!r}.")

@@ -433,7 +433,7 @@ def test_a_prompt_argument_that_is_not_utf8_is_one_sentence(run_dir, capsys):
     (["experiment", "positions", "--lr", "nan"], "lr must be a positive finite number"),
     (["experiment", "positions", "--lr", "inf"], "lr must be a positive finite number"),
     (["experiment", "positions", "--seed", str(2**64)], "seed must be an integer in 0..2^64-1"),
-    (["experiment", "positions", "--batch-size", str(10**20)], "batch-size must be an integer in 1..1,048,576"),
+    (["experiment", "positions", "--batch-size", str(10**20)], "batch-size must be at most 1,048,576"),
 ])
 def test_numbers_out_of_range_are_one_sentence(data_dir, model_json, run_dir, tmp_path, capsys, args, words):
     if args[0] == "generate":
