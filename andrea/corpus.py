@@ -245,22 +245,8 @@ def load_documents(spec: str | Path, split: str = "train") -> list[str]:
     if cur:
         docs.append("\n\n".join(cur))
     if len(docs) < VAL_EVERY:
-        train, val = _hold_out_tail(docs)
-        return train if split == "train" else val
+        return docs if split == "train" else docs[-1:]
     return [d for i, d in enumerate(docs) if (i % VAL_EVERY == VAL_EVERY // 2) == (split == "val")]
-
-
-def _hold_out_tail(docs: list[str]) -> tuple[list[str], list[str]]:
-    """Too few documents to hold whole ones out: validation is the last 1/VAL_EVERY of the text,
-    cut from the end of the last document at a space, so no text is in both splits."""
-    *head, last = docs
-    want = max(1, sum(map(len, docs)) // VAL_EVERY)
-    if len(last) <= want and head:
-        return head, [last]
-    cut = len(last) - min(want, len(last) // 2)
-    space = last.find(" ", cut)
-    cut = space if 0 < space < len(last) - 1 else cut
-    return head + [last[:cut].rstrip()], [last[cut:].lstrip()]
 
 
 def source_name(spec: str | Path) -> str:

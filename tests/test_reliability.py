@@ -230,7 +230,7 @@ def meta_cases(path: Path) -> list:
 
 
 @pytest.fixture(scope="module")
-def built_models(monkeypatch_module=None):
+def built_models():
     """Parameter counts of every model built on a real device (not the meta device)."""
     from andrea.model import ANDREA
 
@@ -496,16 +496,3 @@ def test_embed_forward_saves_to_exactly_the_path_it_reports(run_dir, tmp_path, c
     x = np.load(target)
     assert x.dtype == np.float32 and x.shape[1] == 32
 
-
-def test_a_one_line_text_file_is_split_not_duplicated(tmp_path):
-    """A text of a single line (one block, one document) gives validation text that is not in
-    training: the tail of the line, cut at a space, about a twentieth of it."""
-    from andrea.corpus import load_documents
-
-    words = [f"w{i}" for i in range(5000)]
-    path = tmp_path / "one.txt"
-    path.write_text(" ".join(words))
-    train, val = load_documents(str(path)), load_documents(str(path), "val")
-    assert len(train) == len(val) == 1
-    assert (train[0] + " " + val[0]).split() == words  # every word once, in order
-    assert 0.03 < len(val[0]) / len(path.read_text()) < 0.07
