@@ -449,7 +449,7 @@ def test_numbers_out_of_range_are_one_sentence(data_dir, model_json, run_dir, tm
 # ---------------------------------------------------------------- 4. one run per folder
 
 
-def test_a_second_run_in_a_running_folder_exits_2_naming_the_process(data_dir, model_json, tmp_path):
+def test_a_second_run_in_a_running_folder_exits_2_naming_the_process(data_dir, model_json, tmp_path, capsys):
     out = tmp_path / "r"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     first = subprocess.Popen([sys.executable, "-m", "andrea", *train_args(data_dir, model_json, out, steps=100000)],
@@ -459,20 +459,20 @@ def test_a_second_run_in_a_running_folder_exits_2_naming_the_process(data_dir, m
         while not (out / "latest.safetensors").exists():  # it holds the folder and has saved once
             assert first.poll() is None and time.time() < deadline, first.stderr.read().decode()
             time.sleep(0.1)
-        for extra in ([], ["--resume"]):
-            second = subprocess.run([sys.executable, "-m", "andrea", *train_args(data_dir, model_json, out, *extra)],
-                                    capture_output=True, text=True, env=env, timeout=120)
-            assert second.returncode == 2 and "Traceback" not in second.stderr
-            assert f"is in use by process {first.pid}" in second.stderr.strip().splitlines()[-1]
+        second = subprocess.run([sys.executable, "-m", "andrea", *train_args(data_dir, model_json, out, "--resume")],
+                                capture_output=True, text=True, env=env, timeout=120)
+        assert second.returncode == 2 and "Traceback" not in second.stderr
+        assert f"is in use by process {first.pid}" in second.stderr.strip().splitlines()[-1]
+        code, _, err = cli(capsys, *train_args(data_dir, model_json, out))  # a fresh run there too
+        assert f"is in use by process {first.pid}" in one_sentence(code, err)
         assert first.poll() is None  # the first run goes on undisturbed
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait()
     # the lock of a killed process is gone with it: the folder resumes at once
-    done = subprocess.run([sys.executable, "-m", "andrea", *train_args(data_dir, model_json, out, "--resume", steps=10**6),
-                           "--max-steps", str(load_checkpoint(out / "latest.safetensors").step + 1)],
-                          capture_output=True, text=True, env=env, timeout=120)
-    assert done.returncode == 0, done.stderr
+    step = load_checkpoint(out / "latest.safetensors").step
+    code, _, err = cli(capsys, *train_args(data_dir, model_json, out, "--resume", steps=step + 1))
+    assert code == 0, err
 
 
 def test_the_lock_is_released_when_a_run_ends(data_dir, model_json, run_dir, tmp_path):
