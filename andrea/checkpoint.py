@@ -11,6 +11,11 @@ Layout of a checkpoint file:
 safetensors holds only tensors and strings, so loading a checkpoint never executes code. Writes
 are atomic: a temporary file in the same folder is written, fsynced and renamed over the target,
 then the folder is fsynced; a crash leaves either the old checkpoint or the new one, never half.
+
+Reading checks before it uses: the metadata's fields, then the config against the tensors' names,
+shapes and types as the file's header lists them (by arithmetic first, then on the meta device),
+so a damaged or hostile file never makes andrea allocate more than the file holds; then the
+values (finite weights; finite Adam moments with a non-negative second moment).
 """
 
 from __future__ import annotations
