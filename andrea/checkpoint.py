@@ -11,11 +11,17 @@ Layout of a checkpoint file:
 safetensors holds only tensors and strings, so loading a checkpoint never executes code. Writes
 are atomic: a temporary file in the same folder is written, fsynced and renamed over the target,
 then the folder is fsynced; a crash leaves either the old checkpoint or the new one, never half.
+
+Reading checks before it uses: the metadata's fields, then the config against the tensors' names,
+shapes and types as the file's header lists them (by arithmetic first, then on the meta device),
+so a damaged or hostile file never makes andrea allocate more than the file holds; then the
+values (finite weights; finite Adam moments with a non-negative second moment).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -83,41 +89,208 @@ def save_checkpoint(path, config: ModelConfig, model_state: dict, optim_state: d
     return path
 
 
-def load_checkpoint(path) -> Checkpoint:
-    """Read a checkpoint written by `save_checkpoint`; any other file ends in an AndreaError."""
+OPTIM_KEYS = ("exp_avg", "exp_avg_sq", "step")  # what Adam and AdamW keep per parameter
+FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
+TABLE_ALLOWANCE = 1 << 24  # values of computed position tables allowed beyond the model's size
+
+
+def _resolve(path) -> Path:
     path = Path(path)
     if path.is_dir():
         for name in ("best.safetensors", "latest.safetensors"):
             if (path / name).exists():
-                path = path / name
-                break
-        else:
-            raise AndreaError(f"{path} is a folder with no best.safetensors or latest.safetensors in it.")
+                return path / name
+        raise AndreaError(f"{path} is a folder with no best.safetensors or latest.safetensors in it.")
     if not path.exists():
         raise AndreaError(f"checkpoint {path} does not exist.")
-    try:
-        from safetensors import safe_open
+    return path
 
-        with safe_open(str(path), framework="pt") as f:
-            header = f.metadata() or {}
-            tensors = {name: f.get_tensor(name) for name in f.keys()}
-    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
-        raise AndreaError(f"{path} is not a readable checkpoint ({str(e).splitlines()[0][:120]}).") from None
+
+def load_checkpoint(path, optimizer: bool = True) -> Checkpoint:
+    """Read a checkpoint written by `save_checkpoint`; any other file ends in an AndreaError.
+
+    Everything is checked before it is used, and the file's layout before any tensor is read: the
+    metadata's fields, the config against the names, shapes and types of the tensors (so a config
+    that claims a larger model than the file holds is refused without allocating it), then the
+    values (finite weights; finite, non-negative Adam moments). `optimizer=False` skips the
+    optimizer's tensors (for sampling and inspecting, which do not need them)."""
+    path = _resolve(path)
+    from safetensors import safe_open
+
     try:
-        meta = json.loads(header["andrea"])
-    except (KeyError, json.JSONDecodeError, TypeError):
-        meta = None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise AndreaError(f"{path} is a safetensors file but not an andrea checkpoint.")
-    if meta.get("version", 0) > VERSION:
-        raise AndreaError(f"{path} is checkpoint format version {meta['version']}; this andrea reads up to {VERSION}.")
-    config = ModelConfig.from_dict(meta["config"])
+        with safe_open(str(path), framework="pt") as f:
+            meta = _read_meta(f.metadata() or {}, path)
+            config = _read_config(meta, path)
+            layout = {}
+            for name in f.keys():
+                piece = f.get_slice(name)
+                layout[name] = (tuple(piece.get_shape()), piece.get_dtype())
+            order = check_layout(config, layout, meta, path, optimizer)
+            tensors = {name: f.get_tensor(name) for name in layout if optimizer or not name.startswith("optim.")}
+    except AndreaError:
+        raise
+    except (SafetensorError, OSError, ValueError, RuntimeError, TypeError) as e:
+        raise AndreaError(f"{path} is not a readable checkpoint ({str(e).splitlines()[0][:120] if str(e) else type(e).__name__}).") from None
     model_state = {k[6:]: v for k, v in tensors.items() if k.startswith("model.")}
-    optim_tensors = {k: v for k, v in tensors.items() if k.startswith("optim.")}
-    optim_state = _unflatten_optimizer(optim_tensors, meta["optimizer"]) if "optimizer" in meta else None
+    for name, t in model_state.items():
+        if not torch.isfinite(t).all():
+            raise AndreaError(f"{path}: weight {name} holds NaN or infinite values.")
+    optim_state = None
+    if optimizer and "optimizer" in meta:
+        optim_state = _unflatten_optimizer({k: v for k, v in tensors.items() if k.startswith("optim.")}, meta["optimizer"])
+        check_optimizer_values(optim_state, order, path)
     if "rng.torch" in tensors:
         meta["rng_torch"] = tensors["rng.torch"]
     return Checkpoint(config=config, model_state=model_state, optim_state=optim_state, meta=meta)
+
+
+def _read_meta(header: dict, path: Path) -> dict:
+    try:
+        meta = json.loads(header["andrea"])
+    except (KeyError, json.JSONDecodeError, TypeError, RecursionError):
+        meta = None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise AndreaError(f"{path} is a safetensors file but not an andrea checkpoint.")
+    version = meta.get("version")
+    if not _is_int(version) or version < 1:
+        raise AndreaError(f"{path} has no valid format version (found {str(version)[:40]!r}).")
+    if version > VERSION:
+        raise AndreaError(f"{path} is checkpoint format version {version}; this andrea reads up to {VERSION}.")
+    if "step" in meta and (not _is_int(meta["step"]) or meta["step"] < 0):
+        raise AndreaError(f"{path} has a step that is not a non-negative integer ({str(meta['step'])[:40]!r}).")
+    for key in ("train", "tokenizer", "optimizer"):
+        if key in meta and not isinstance(meta[key], dict):
+            raise AndreaError(f"{path}: the metadata field {key!r} must be a JSON object, got {type(meta[key]).__name__}.")
+    return meta
+
+
+def _read_config(meta: dict, path: Path) -> ModelConfig:
+    if "config" not in meta:
+        raise AndreaError(f"{path} has no model config in its metadata.")
+    try:
+        return ModelConfig.from_dict(meta["config"])
+    except AndreaError as e:
+        raise AndreaError(f"{path}: {e}") from None
+    except TypeError:
+        raise AndreaError(f"{path} has a malformed model config in its metadata.") from None
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def position_table_size(cfg: ModelConfig) -> int:
+    """Values of the position tables the model computes rather than stores (sinusoidal, rope)."""
+    if cfg.pos == "sinusoidal":
+        return cfg.block_size * cfg.n_embd
+    if cfg.pos == "rope":
+        return cfg.block_size * cfg.head_dim
+    return 0
+
+
+def check_layout(config: ModelConfig, layout: dict[str, tuple[tuple, str]], meta: dict, path, optimizer: bool = True):
+    """Check the tensors' names, shapes and types (from the file's header, nothing read) against
+    the config and the optimizer's groups; return the parameter names in optimizer index order
+    (None without an optimizer state). The config is compared by arithmetic first, so a config
+    that claims a model far larger than the file is refused before anything is built."""
+    from andrea.config import count_params
+
+    model = {k[6:]: v for k, v in layout.items() if k.startswith("model.")}
+    for name in layout:
+        if not name.startswith(("model.", "optim.")) and name != "rng.torch":
+            raise AndreaError(f"{path} holds a tensor {name!r} that is no part of a checkpoint.")
+    held = sum(math.prod(shape) for shape, _ in model.values())
+    claimed = count_params(config)
+    if claimed != held:
+        raise AndreaError(f"{path}: its config describes a model of {claimed:,} parameters, but the file holds "
+                          f"{held:,} model values; the config or the weights are damaged.")
+    tables = position_table_size(config)
+    if tables > max(claimed, TABLE_ALLOWANCE):
+        raise AndreaError(f"{path}: its config asks for a context of {config.block_size:,} positions, whose {config.pos} "
+                          f"tables ({tables:,} values) would far outweigh the model itself; the config is damaged.")
+    from andrea.formats import param_shapes
+
+    shapes = param_shapes(config)
+    for name in model:
+        if name not in shapes:
+            raise AndreaError(f"{path} has a weight {name} that its config has no place for.")
+    for name, shape in shapes.items():
+        if name not in model:
+            raise AndreaError(f"{path} has no weight {name}, which its config needs.")
+        found, dtype = model[name]
+        if found != shape:
+            raise AndreaError(f"{path}: weight {name} has shape {list(found)}, but its config needs {list(shape)}.")
+        if dtype not in FLOAT_DTYPES:
+            raise AndreaError(f"{path}: weight {name} holds {dtype} values, not floats.")
+    if "rng.torch" in layout:
+        shape, dtype = layout["rng.torch"]
+        if dtype != "U8" or shape != tuple(torch.get_rng_state().shape):
+            raise AndreaError(f"{path}: its random-generator state has shape {list(shape)} of {dtype}, not torch's.")
+    optim = {k: v for k, v in layout.items() if k.startswith("optim.")}
+    if not optimizer:
+        return None
+    if "optimizer" not in meta:
+        if optim:
+            raise AndreaError(f"{path} holds optimizer tensors but no optimizer groups in its metadata.")
+        return None
+    return _check_optimizer_layout(config, shapes, meta["optimizer"], optim, path)
+
+
+def _check_optimizer_layout(config: ModelConfig, shapes: dict, info: dict, optim: dict, path) -> list[str]:
+    from andrea.formats import _optimizer_order
+
+    groups, scalars = info.get("param_groups"), info.get("scalars", {})
+    if (not isinstance(groups, list) or not groups or not all(isinstance(g, dict) for g in groups)
+            or not all(isinstance(g.get("params"), list) and all(_is_int(i) for i in g["params"]) for g in groups)):
+        raise AndreaError(f"{path} has no readable optimizer parameter groups in its metadata.")
+    if not isinstance(scalars, dict) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                                                for v in scalars.values()):
+        raise AndreaError(f"{path} has malformed optimizer scalars in its metadata.")
+    ids = [i for g in groups for i in g["params"]]
+    if sorted(ids) != list(range(len(ids))):
+        raise AndreaError(f"{path}: its optimizer groups do not number the parameters 0..{len(ids) - 1} once each.")
+    try:
+        order = _optimizer_order(config, groups)
+    except AndreaError as e:
+        raise AndreaError(f"{path}: {e}") from None
+    name_of = dict(zip(ids, order))
+    present: dict[int, set] = {}
+    entries = [(k, v) for k, v in optim.items()] + [("optim." + k, None) for k in scalars]
+    for key, layout in entries:
+        parts = key.split(".", 2)
+        if len(parts) != 3 or not parts[1].isdigit() or int(parts[1]) not in name_of or parts[2] not in OPTIM_KEYS:
+            raise AndreaError(f"{path} holds an optimizer entry {key!r} that fits no parameter of its groups.")
+        idx, what = int(parts[1]), parts[2]
+        if what in present.setdefault(idx, set()):
+            raise AndreaError(f"{path} holds the optimizer entry {what} of parameter {idx} twice.")
+        present[idx].add(what)
+        if layout is None:
+            continue
+        shape, dtype = layout
+        if dtype not in FLOAT_DTYPES:
+            raise AndreaError(f"{path}: the optimizer's {what} of {name_of[idx]} holds {dtype} values, not floats.")
+        want = () if what == "step" else shapes[name_of[idx]]
+        if shape != want and not (what == "step" and math.prod(shape) == 1):
+            raise AndreaError(f"{path}: the optimizer's {what} of {name_of[idx]} has shape {list(shape)}, "
+                              f"but the weight is {list(shapes[name_of[idx]])}.")
+    if present:  # a state that was never stepped is empty; one that was holds every part of every parameter
+        for idx, name in name_of.items():
+            missing = [k for k in OPTIM_KEYS if k not in present.get(idx, ())]
+            if missing:
+                raise AndreaError(f"{path}: the optimizer state of {name} has no {', '.join(missing)}.")
+    return order
+
+
+def check_optimizer_values(state: dict, order: list[str] | None, path) -> None:
+    """Adam's moments finite, its second moment non-negative, its step count a finite count."""
+    for idx, per in state["state"].items():
+        name = order[idx] if order is not None else str(idx)
+        for key, value in per.items():
+            t = value if torch.is_tensor(value) else torch.tensor(float(value))
+            if not torch.isfinite(t).all():
+                raise AndreaError(f"{path}: the optimizer's {key} of {name} holds NaN or infinite values.")
+            if key in ("exp_avg_sq", "step") and (t < 0).any():
+                raise AndreaError(f"{path}: the optimizer's {key} of {name} holds negative values.")
 
 
 def build_model(ckpt: Checkpoint, device="cpu"):
@@ -129,15 +302,12 @@ def build_model(ckpt: Checkpoint, device="cpu"):
     if missing or unexpected:
         what = f"missing {', '.join(missing[:3])}" if missing else f"unexpected {', '.join(unexpected[:3])}"
         raise AndreaError(f"the checkpoint's weights do not fit its config ({what}).")
-    for name, t in ckpt.model_state.items():
-        if not torch.isfinite(t).all():
-            raise AndreaError(f"the checkpoint's weight {name} holds NaN or infinite values.")
     return model.to(device).eval()
 
 
 def load_model(path, device="cpu"):
     """(model, tokenizer or None, checkpoint) from a checkpoint file or run folder."""
-    ckpt = load_checkpoint(path)
+    ckpt = load_checkpoint(path, optimizer=False)
     model = build_model(ckpt, device)
     tokenizer = None
     if ckpt.tokenizer_dict is not None:

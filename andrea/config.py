@@ -13,6 +13,12 @@ NORMS = ("layernorm", "rmsnorm")
 ACTIVATIONS = ("relu2", "relu", "gelu")
 BOS = 256  # starts every document, ends generation
 N_SPECIAL = 257  # ids 0-255 are bytes, 256 is BOS; segments start at 257
+MAX_SEED = 2**64 - 1  # the largest seed torch's generators take
+
+
+def check_seed(seed, name: str = "seed") -> None:
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= MAX_SEED:
+        raise AndreaError(f"{name} must be an integer in 0..2^64-1, got {str(seed)[:40]}.")
 
 
 @dataclass(frozen=True)

@@ -75,7 +75,7 @@ def open_shard(path: Path) -> np.memmap:
         raise AndreaError(f"shard {path} is too short to hold a header ({len(head)} bytes); it is truncated or not a shard.")
     magic, version, width, count, _ = HEADER.unpack(head)
     if magic != MAGIC:
-        raise AndreaError(f"{path} is not an andrea token shard (its first bytes are {magic!r}).")
+        raise AndreaError(f"{path} is not an andrea token shard (it does not start with {MAGIC.decode()}).")
     if version != VERSION or width != 2:
         raise AndreaError(f"shard {path} has format version {version} with {width}-byte tokens; expected version {VERSION}, 2 bytes.")
     expected = HEADER.size + 2 * count
@@ -505,23 +505,11 @@ class TokenData:
             unfinished = " (its preparation did not finish; run the same `andrea prepare` again to resume it)" \
                 if (self.dir / PROGRESS_FILE).exists() else ""
             raise AndreaError(f"{self.dir} has no manifest.json{unfinished}; make the folder with `andrea prepare`.")
-        self.manifest = read_json(manifest_path, "the manifest")
-        try:
-            sources = self.manifest["sources"]
-            int(self.manifest["vocab_size"])
-            if self.manifest.get("format") != "andrea-shards" or not isinstance(sources, dict):
-                raise TypeError
-        except (AttributeError, KeyError, TypeError, ValueError):
-            raise AndreaError(f"{manifest_path} is not an andrea shard manifest.") from None
-        if not sources:
-            raise AndreaError(f"{manifest_path} lists no sources.")
+        self.manifest = check_manifest(read_json(manifest_path, "manifest"), manifest_path)
         self.sources: dict[str, SourceShards] = {}
-        for name, entry in sources.items():
-            try:
-                train = _split_shards(self.dir, name, "train", entry["train"], self.vocab_size)
-                val = _split_shards(self.dir, name, "val", entry["val"], self.vocab_size)
-            except (KeyError, TypeError):
-                raise AndreaError(f"{manifest_path} does not list the shards of {name} as an andrea manifest does.") from None
+        for name, entry in self.manifest["sources"].items():
+            train = _split_shards(self.dir, name, "train", entry["train"], self.vocab_size)
+            val = _split_shards(self.dir, name, "val", entry["val"], self.vocab_size)
             self.sources[name] = SourceShards(name, train, val)
 
     @property
@@ -583,3 +571,63 @@ class TokenData:
             raise AndreaError(f"source {source} has {len(tokens):,} validation tokens, fewer than one window of {seq_len + 1}.")
         batch = torch.from_numpy(np.stack(rows).astype(np.int64))
         return batch[:, :-1], batch[:, 1:]
+
+
+# ---------------------------------------------------------------- checks before a run reads anything
+
+
+def check_manifest(manifest, where) -> dict:
+    """The manifest, once every field a reader uses is known to be there and of its kind; shard
+    files must be plain names inside the data folder (nothing of another file is ever opened)."""
+    def bad(what):
+        raise AndreaError(f"{where} is not a valid andrea shard manifest: {what}.")
+
+    if not isinstance(manifest, dict) or manifest.get("format") != "andrea-shards":
+        bad('it has no "format": "andrea-shards"')
+    if manifest.get("version", 1) not in (1, MANIFEST_VERSION):
+        bad(f"its version is {str(manifest.get('version'))[:20]!r}, not 1 or {MANIFEST_VERSION}")
+    if not isinstance(manifest.get("tokenizer"), str):
+        bad("its tokenizer fingerprint is missing")
+    V = manifest.get("vocab_size")
+    if not _count(V) or not 257 <= V <= 65536:
+        bad(f"vocab_size must be an integer in 257..65536, got {str(V)[:20]!r}")
+    sources = manifest.get("sources")
+    if not isinstance(sources, dict) or not sources:
+        bad("it lists no sources")
+    for name, entry in sources.items():
+        if not isinstance(entry, dict):
+            bad(f"source {name!r} is not an object")
+        for split in ("train", "val"):
+            part = entry.get(split)
+            if not isinstance(part, dict):
+                bad(f"source {name!r} has no {split} split")
+            shards = part.get("shards", [part])  # a version 1 manifest names one file per split
+            if not isinstance(shards, list) or not shards or not all(isinstance(x, dict) for x in shards):
+                bad(f"the {split} split of {name!r} lists no shards")
+            for shard in shards:
+                file = shard.get("file")
+                if not isinstance(file, str) or not file or Path(file).name != file or file in (".", ".."):
+                    bad(f"the {split} shards of {name!r} must be file names inside the data folder")
+                if not _count(shard.get("tokens")) or "max_id" in shard and not isinstance(shard["max_id"], int):
+                    bad(f"a {split} shard of {name!r} needs a non-negative integer token count")
+            for key in ("tokens", "documents", "bytes"):
+                if key in part and not _count(part[key]) or key == "tokens" and key not in part:
+                    bad(f"{split} {key} of {name!r} must be a non-negative integer")
+    return manifest
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def check_validation(data: "TokenData", names, seq_len: int) -> None:
+    """Every validation shard a run will evaluate holds at least one window of seq_len + 1 tokens
+    and only ids below V: checked before the first step, not found at the first evaluation."""
+    V = data.vocab_size
+    for name in names:
+        shards = data.sources[name].val.shards
+        if not any(len(shard) >= seq_len + 1 for shard in shards):  # a window never spans two shards
+            raise AndreaError(f"source {name} has no validation shard of one window of {seq_len + 1} tokens "
+                              f"({sum(map(len, shards)):,} tokens in all); prepare more text or use a shorter --seq-len.")
+        if any(len(shard) and int(shard.max()) >= V for shard in shards):
+            raise AndreaError(f"a validation shard of {name} holds ids >= V = {V:,}; it is damaged.")

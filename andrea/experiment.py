@@ -61,9 +61,18 @@ class PositionsExperiment:
         return base.replace(vocab_size=vocab_size, block_size=2 * self.seq_len, pos=pos)
 
     def check(self) -> None:
-        for name in ("steps", "seq_len", "batch_size", "eval_windows"):
-            if getattr(self, name) < 1:
-                raise AndreaError(f"{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}.")
+        from andrea.config import check_seed
+        from andrea.trainconfig import MAX_BATCH, MAX_INT
+
+        for name, high in (("steps", MAX_INT), ("seq_len", 2**20), ("batch_size", MAX_BATCH), ("eval_windows", MAX_BATCH)):
+            value, flag = getattr(self, name), name.replace("_", "-")
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise AndreaError(f"{flag} must be at least 1, got {str(value)[:40]}.")
+            if value > high:
+                raise AndreaError(f"{flag} must be at most {high:,}, got {str(value)[:40]}.")
+        check_seed(self.seed)
+        if not isinstance(self.lr, (int, float)) or isinstance(self.lr, bool) or not 0 < self.lr < math.inf:
+            raise AndreaError(f"lr must be a positive finite number, got {self.lr!r}.")
         for s in self.schemes:
             if s not in SCHEMES:
                 raise AndreaError(f"unknown position scheme {s!r}; known: {', '.join(SCHEMES)}.")

@@ -5,13 +5,22 @@ Every file andrea writes that a later run reads (checkpoints, token shards, the 
 tokenizers, exports) goes through `atomic_output`: the data is written to a temporary file in
 the same folder under a name no other process uses, flushed and fsynced, renamed over the
 target, and then the folder is fsynced. A crash leaves the old file or the new one, never half,
-and two processes never share a temporary file.
+and two processes never share a temporary file. A write the system refuses (a full disk, a
+read-only filesystem, no permission) removes the temporary file and ends in one AndreaError that
+names the target, which is left as it was.
+
+`FolderLock` keeps two processes from working in one folder at once (two training runs in one
+run folder): an exclusive `flock` on a file in the folder, held while the process lives, so a
+killed process never leaves a stale lock behind.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
+import re
 import secrets
 from contextlib import contextmanager
 from pathlib import Path
@@ -53,11 +62,14 @@ def atomic_output(path):
     try:
         yield tmp
         replace_durably(tmp, path)
-    except BaseException:
+    except BaseException as e:
         try:
             tmp.unlink()
         except OSError:
             pass
+        if isinstance(e, OSError) or _is_write_error(e):
+            raise AndreaError(f"could not write {path} ({write_error_reason(e)}); "
+                              f"{'it is as it was' if path.exists() else 'nothing was written'}.") from None
         raise
 
 
@@ -67,6 +79,30 @@ def replace_durably(tmp: Path, path: Path) -> None:
         os.fsync(f.fileno())
     os.replace(tmp, path)
     fsync_dir(Path(path).parent)
+
+
+def _is_write_error(e: BaseException) -> bool:
+    """A writer's own wrapping of a system error (safetensors reports them as SafetensorError
+    with "(os error N)" in its message)."""
+    return _os_errno(e) is not None
+
+
+def _os_errno(e: BaseException) -> int | None:
+    found = re.search(r"\(os error (\d+)\)", str(e))
+    return int(found.group(1)) if found else None
+
+
+def write_error_reason(e: BaseException) -> str:
+    """What the system said, in a few words: "No space left on device", "Read-only file system"."""
+    if isinstance(e, OSError):
+        if e.strerror:
+            return e.strerror
+        if e.errno:
+            return os.strerror(e.errno)
+    code = _os_errno(e)
+    if code is not None:
+        return os.strerror(code)
+    return str(e).splitlines()[0][:120] if str(e) else type(e).__name__
 
 
 def atomic_write_bytes(path, data: bytes) -> None:
@@ -107,3 +143,59 @@ def read_json(path, what: str = "file"):
         raise AndreaError(f"{what} {path} is not valid JSON ({e.msg} at line {e.lineno}).") from None
     except RecursionError:
         raise AndreaError(f"{what} {path} nests its JSON too deeply to read.") from None
+
+
+class FolderLock:
+    """An exclusive lock on `folder` for as long as this object (or the process) lives.
+
+    The lock is an `flock` on `folder/.lock`, which also holds the owner's process id so that a
+    second process can say who holds it. The kernel drops the lock when the process ends however
+    it ends (a crash, SIGKILL), so a lock left by a dead process is no lock at all.
+    """
+
+    NAME = ".lock"
+    fd = None
+
+    def __init__(self, folder, what: str = "the folder", hint: str = ""):
+        self.path = Path(folder) / self.NAME
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise AndreaError(f"cannot lock {what} {folder} ({write_error_reason(e)}).") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            owner = _read_owner(fd)
+            os.close(fd)
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise AndreaError(f"cannot lock {what} {folder} ({write_error_reason(e)}).") from None
+            who = f"process {owner}" if owner else "another process"
+            raise AndreaError(f"{what} {folder} is in use by {who}, which is running there now{hint}.") from None
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        except OSError:
+            pass  # the lock holds without the note of who holds it
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the descriptor drops the flock
+            self.fd = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+    def __del__(self):
+        self.release()
+
+
+def _read_owner(fd: int) -> int | None:
+    try:
+        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None

@@ -41,8 +41,13 @@ def window_keep(block_size: int) -> int:
     return max(1, block_size // 2)
 
 
-def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None) -> None:
+def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None,
+                   seed: int | None = None) -> None:
     """Raise an AndreaError naming the first sampling value out of range."""
+    from andrea.config import check_seed
+
+    if seed is not None:
+        check_seed(seed)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, Integral) or max_new_tokens < 1:
         raise AndreaError(f"max-new-tokens must be a positive integer, got {max_new_tokens!r}.")
     if not isinstance(temperature, Real) or not math.isfinite(temperature) or temperature < 0:
@@ -119,7 +124,7 @@ def stream_ids(model, prompt_ids, max_new_tokens: int = 256, temperature: float 
     token recomputes its window. `on_step(logits, token)`, when given, sees each token's (V,)
     logits as it is picked (the lab shows them).
     """
-    check_sampling(max_new_tokens, temperature, top_k, top_p)
+    check_sampling(max_new_tokens, temperature, top_k, top_p, seed)
     if decode not in MODES:
         raise AndreaError(f"decode mode must be one of {', '.join(MODES)}, got {decode!r}.")
     seq = [int(t) for t in prompt_ids]

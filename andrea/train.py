@@ -19,8 +19,16 @@ A run folder holds:
   loss.png             the loss curves, redrawn at every evaluation
   curriculum.png       pulls, rewards and weights per source over time (with a curriculum)
   train.json           the settings of the run
+  .lock                held by the running process: a second run in the same folder is refused
 Resuming restores model, optimizer, step, RNG and data position, curriculum and audit state, so
 a resumed run continues exactly as an uninterrupted one would have.
+
+What is saved is checked first. After every optimizer step the weights must be finite; before
+every checkpoint the weights and Adam's moments must be finite and the model's loss on a
+validation window too. A state that fails is never written: the previous latest.safetensors
+stays, and the error names it (with its step) as the last good checkpoint. A resumed checkpoint
+is checked the same way, and its optimizer state against the model (every parameter's moments
+present, of its shape, finite), before the first step.
 """
 
 from __future__ import annotations
@@ -40,9 +48,9 @@ import torch.distributed as dist
 
 from andrea.checkpoint import load_checkpoint, save_checkpoint
 from andrea.config import BOS, ModelConfig
-from andrea.data import TokenData
+from andrea.data import TokenData, check_validation
 from andrea.errors import AndreaError
-from andrea.files import atomic_output, check_writable
+from andrea.files import FolderLock, atomic_output, atomic_write_bytes, check_writable, write_error_reason
 from andrea.flops import flops_per_token, peak_flops
 from andrea.model import ANDREA
 from andrea.optim import lr_at, make_optimizer, param_names_in_order
@@ -71,7 +79,14 @@ def train(model_cfg: ModelConfig, cfg: TrainConfig, data_dir=None, out_dir=None,
     returning True (then it stops as on a signal: checkpoint, no final evaluation). `data_dir` and
     `out_dir` default to the config's `data` and `out`."""
     run = Run(model_cfg, cfg, data_dir or cfg.data, out_dir or cfg.out, resume, log)
-    state, cfg = run.state, run.cfg
+    try:
+        return _train(run, progress, on_step)
+    finally:
+        run.close()
+
+
+def _train(run: "Run", progress: bool, on_step) -> RunResult:
+    log, state, cfg = run.log, run.state, run.cfg
     meter = Meter(run.tokens_per_step, run.flops_per_token, run.peak)
     bar = run.progress_bar() if progress and run.master else None
     say = bar.write if bar is not None else log
@@ -147,15 +162,47 @@ class RunState:
             d["audit"] = self.auditor.state_dict()
         return d
 
-    def load_state_dict(self, meta: dict) -> None:
-        self.step = int(meta.get("step", 0))
-        self.tokens_seen = meta.get("tokens_seen", 0)
-        self.best_smma = meta.get("best_smma", float("inf"))
-        self.elapsed_before = meta.get("elapsed", 0.0)
+    def load_state_dict(self, meta: dict, where="the checkpoint") -> None:
+        """Restore from a checkpoint's metadata; every field is checked before any is taken."""
+        def bad(field, value):
+            raise AndreaError(f"{where}: its run state field {field!r} is damaged (found {str(value)[:60]!r}).")
+
+        step, tokens = meta.get("step", 0), meta.get("tokens_seen", 0)
+        best, elapsed = meta.get("best_smma", float("inf")), meta.get("elapsed", 0.0)
+        for field, value in (("step", step), ("tokens_seen", tokens)):
+            if not _is_int(value) or value < 0:
+                bad(field, value)
+        if not _is_number(best) or math.isnan(best) or best == -math.inf:
+            bad("best_smma", best)
+        if not _is_number(elapsed) or not 0 <= elapsed < math.inf:
+            bad("elapsed", elapsed)
+        smma = meta.get("smma", self.smma.state_dict())
+        if (not isinstance(smma, dict) or not _is_int(smma.get("window")) or smma["window"] < 1
+                or not _is_int(smma.get("n")) or not 0 <= smma["n"] <= smma["window"] or not _is_number(smma.get("value"))
+                or (smma["n"] > 0 and not math.isfinite(smma["value"]))):
+            bad("smma", smma)
+        for field, part in (("curriculum", self.curriculum), ("audit", self.auditor)):
+            if part is not None and field in meta and not isinstance(meta[field], dict):
+                bad(field, meta[field])
+        rng = np.random.default_rng()
         if "data_rng" in meta:
-            self.data_rng.bit_generator.state = meta["data_rng"]
-        if "smma" in meta:
-            self.smma.load_state_dict(meta["smma"])
+            try:
+                rng.bit_generator.state = meta["data_rng"]
+            except (TypeError, ValueError, KeyError, OverflowError):
+                bad("data_rng", meta["data_rng"])
+        if "rng_torch" in meta:
+            saved = torch.get_rng_state()
+            try:
+                torch.set_rng_state(meta["rng_torch"])
+            except (RuntimeError, TypeError):
+                bad("rng.torch", "a tensor torch does not accept")
+            finally:
+                torch.set_rng_state(saved)
+        # everything is well formed: take it
+        self.step, self.tokens_seen, self.best_smma, self.elapsed_before = step, tokens, float(best), float(elapsed)
+        self.smma.load_state_dict(smma)
+        if "data_rng" in meta:
+            self.data_rng = rng
         if self.curriculum is not None and "curriculum" in meta:
             self.curriculum.load_state_dict(meta["curriculum"])
         if self.auditor is not None and "audit" in meta:
@@ -189,12 +236,24 @@ class Run:
                               f"{model_cfg.n_segments:,} segments or pick a matching model.")
         data.check_context(cfg.seq_len)
         self.names = self._source_names()
+        check_validation(data, self.names, cfg.seq_len)
         self.per_rank, self.micro, self.accum = _batch_split(cfg, self.world)
+        self.lock = None
         if self.master:
             check_writable(self.out, "the run folder")
+            self.lock = FolderLock(self.out, "the run folder", "; wait for it to end or choose another --out")
+        try:
+            self._setup(model_cfg, cfg, data, data_dir, resume)
+        except BaseException:
+            self.close()
+            raise
+
+    def _setup(self, model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, data_dir, resume: bool) -> None:
         ckpt = self._checkpoint_to_resume() if resume else None
         if not resume and self.master and (self.out / "latest.safetensors").exists():
             raise AndreaError(f"{self.out} already holds a run; pass --resume to continue it or choose another --out.")
+        # the last checkpoint known to be good: the one resumed from, then each one this run writes
+        self.last_good = (self.out / "latest.safetensors", ckpt.step) if ckpt is not None else None
 
         # ---- model, optimizer, state
         torch.manual_seed(cfg.seed)
@@ -203,15 +262,17 @@ class Run:
             self.model.load_state_dict(ckpt.model_state)
         self.train_model = self._distribute()
         self.optimizer = make_optimizer(self.train_model, cfg.recipe, cfg.resolved_lr(), cfg.weight_decay, self.device)
-        if ckpt is not None and ckpt.optim_state is not None:
-            _load_optimizer_state(self.optimizer, ckpt.optim_state, self.train_model, cfg.recipe, self.fsdp)
+        if ckpt is not None and ckpt.optim_state is not None and ckpt.optim_state["state"]:
+            _load_optimizer_state(self.optimizer, ckpt.optim_state, self.train_model, cfg.recipe, self.fsdp,
+                                  self.out / "latest.safetensors")
         self.forward = torch.compile(self.train_model) if cfg.compile else self.train_model
         self.autocast = torch.autocast("cuda", dtype=torch.bfloat16) if self.device.type == "cuda" else nullcontext()
         self.share = {n: w for n, w in data.token_share().items() if n in self.names}
         self.state = RunState(cfg, _make_curriculum(cfg, self.names), _make_auditor(cfg, data, self.tokenizer))
         if ckpt is not None:
-            self.state.load_state_dict(ckpt.meta)
+            self.state.load_state_dict(ckpt.meta, self.out / "latest.safetensors")
         self.t_start = time.time()
+        self.probe = tuple(t[:1] for t in data.val_windows(self.names[0], cfg.seq_len, 1))  # tests a state before it is saved
 
         # ---- what the loop measures
         self.byte_len = token_byte_lengths(self.tokenizer, model_cfg.vocab_size)
@@ -256,12 +317,13 @@ class Run:
             loss_sum += loss.detach()
         loss = self._mean_over_ranks(loss_sum / self.accum)
         if not math.isfinite(loss):
-            latest = self.out / "latest.safetensors"
-            where = f"; the last good checkpoint is {latest}" if latest.exists() else "; no checkpoint was written yet"
-            raise AndreaError(f"the loss became {loss} at step {state.step + 1} ({source}); training stopped{where}.")
+            self.stop_on_bad_state(f"the loss became {loss} at step {state.step + 1} ({source})")
         grad_norm = _clip(self.train_model, cfg.grad_clip, self.fsdp) if cfg.recipe == "v2" and cfg.grad_clip > 0 else None
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.any_rank(not _all_finite(_local(p) for p in self.train_model.parameters())):
+            self.stop_on_bad_state(f"the update of step {state.step + 1} ({source}, learning rate {lr:g}) made the "
+                                   f"weights NaN or infinite")
         state.step += 1
         state.tokens_seen += self.tokens_per_step
         state.smma.update(loss)
@@ -305,6 +367,8 @@ class Run:
             result = evaluate(self.model, self.data, self.cfg.seq_len, self.cfg.eval_windows,
                               self.cfg.micro_batch or self.cfg.batch_size,
                               self.byte_len, self.device, self.autocast)
+        if self.any_rank(result is not None and not math.isfinite(result["all"]["loss"])):
+            self.stop_on_bad_state(f"the validation loss became {result['all']['loss'] if result else 'NaN'} at step {step}")
         if self.master:
             _append(self.metrics_path, {"step": step, "eval": result})
             parts = "  ".join(f"{n} {m['bpb']:.3f}" for n, m in result.items() if n != "all")
@@ -342,24 +406,78 @@ class Run:
         return halt
 
     def checkpoint(self, final: bool = False) -> Path | None:
-        """Save latest.safetensors, and best.safetensors when the smoothed loss is the lowest yet.
-        Every process takes part: under FSDP gathering the state is collective."""
-        path = self.save("latest.safetensors")
+        """Save latest.safetensors, and best.safetensors when the smoothed loss is the lowest yet
+        (a finite best is never replaced by a non-finite one). The state is checked before either
+        is written. Every process takes part: under FSDP gathering the state is collective."""
+        smma = self.state.smma.value
+        better = math.isfinite(smma) and smma < self.state.best_smma
+        if better:
+            self.state.best_smma = smma
+        path = self.save("latest.safetensors", *(["best.safetensors"] if better else []))
         if final and self.master and self.state.curriculum is not None:
             _plot_curriculum(self.state.curriculum, self.out / "curriculum.png")
-        if self.state.smma.value < self.state.best_smma:
-            self.state.best_smma = self.state.smma.value
-            self.save("best.safetensors")
         return path
 
-    def save(self, name: str) -> Path | None:
+    def save(self, *names: str) -> Path | None:
+        """Write the run's state to each of `names` in the run folder, once it is proven sound:
+        finite weights and moments, and a finite loss on a validation window. Returns the first
+        path (on the main process)."""
         model_state = _full_state(self.model, self.fsdp)
         optim_state = _full_optim_state(self.optimizer, self.train_model, self.cfg.recipe, self.fsdp)
+        problem = self._state_problem(model_state, optim_state) if self.master else None
+        if self.any_rank(problem is not None):
+            self.stop_on_bad_state(problem or "another process found the state NaN or infinite")
         if not self.master:
             return None
         meta = {**self.state.state_dict(self.elapsed()), "train": self.cfg.to_dict(), "tokenizer": self.tokenizer.to_dict(),
                 "data_fingerprint": self.data.manifest["tokenizer"]}
-        return save_checkpoint(self.out / name, self.model_cfg, model_state, optim_state, meta)
+        paths = [save_checkpoint(self.out / name, self.model_cfg, model_state, optim_state, meta) for name in names]
+        if "latest.safetensors" in names:
+            self.last_good = (self.out / "latest.safetensors", self.state.step)
+        return paths[0]
+
+    def _state_problem(self, model_state: dict, optim_state: dict) -> str | None:
+        """Why the state at this step must not be saved, or None."""
+        step = self.state.step
+        for name, t in model_state.items():
+            if not torch.isfinite(t).all():
+                return f"the weight {name} became NaN or infinite by step {step}"
+        for idx, per in optim_state.get("state", {}).items():
+            for key, t in per.items():
+                if torch.is_tensor(t) and not torch.isfinite(t).all():
+                    return f"the optimizer's {key} (parameter {idx}) became NaN or infinite by step {step}"
+        if not self.fsdp:  # the probe needs every process under FSDP; its weights were checked above
+            loss = self._probe_loss()
+            if not math.isfinite(loss):
+                return f"the model's loss on a validation window became {loss} by step {step}"
+        return None
+
+    @torch.no_grad()
+    def _probe_loss(self) -> float:
+        x, y = (t.to(self.device) for t in self.probe)
+        self.model.eval()
+        try:
+            with self.autocast:
+                logits, _ = self.model(x)
+        finally:
+            self.model.train()
+        return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), y.flatten()).item()
+
+    def stop_on_bad_state(self, what: str) -> None:
+        """Stop the run: the state went bad. Nothing of it is saved; the error names the last good
+        checkpoint, the one to resume from (with a lower learning rate)."""
+        if self.last_good is not None:
+            path, step = self.last_good
+            where = f"; the last good checkpoint is {path} (step {step:,}): resume from it, perhaps with a lower --lr"
+        else:
+            where = "; no checkpoint was written yet"
+        raise AndreaError(f"{what}; training stopped and nothing of this state was saved{where}.")
+
+    def close(self) -> None:
+        """Release the run folder."""
+        if getattr(self, "lock", None) is not None:
+            self.lock.release()
+            self.lock = None
 
     def say_why(self, stopped: str, path) -> None:
         if self.master and stopped == "signal":
@@ -430,6 +548,8 @@ class Run:
                                   f"resume with the same settings.")
         if ckpt.meta.get("data_fingerprint") not in (None, self.data.manifest["tokenizer"]):
             raise AndreaError(f"{latest} was trained on data made with another tokenizer than {self.data.dir}.")
+        if ckpt.optim_state is not None and ckpt.optim_state["state"]:
+            _check_optimizer_fits(ckpt.optim_state, self.model_cfg, self.cfg.recipe, latest)
         return ckpt
 
     def _distribute(self):
@@ -453,9 +573,9 @@ class Run:
 
     def _describe(self, data_dir, resumed: bool) -> None:
         cfg, world = self.cfg, self.world
-        (self.out / "train.json").write_text(json.dumps({"model": self.model_cfg.to_dict(), "train": cfg.to_dict(),
-                                                         "data": str(Path(data_dir).resolve()), "world_size": world},
-                                                        indent=2) + "\n")
+        atomic_write_bytes(self.out / "train.json", (json.dumps({"model": self.model_cfg.to_dict(), "train": cfg.to_dict(),
+                                                                  "data": str(Path(data_dir).resolve()),
+                                                                  "world_size": world}, indent=2) + "\n").encode())
         accum = self.accum
         self.log(f"model: {sum(p.numel() for p in self.model.parameters()):,} parameters on {self.device}"
                  f"{f' × {world} processes' if world > 1 else ''}; {self.tokens_per_step:,} tokens per step "
@@ -598,8 +718,30 @@ def _fmt_time(seconds: float) -> str:
 
 
 def _append(path: Path, row: dict) -> None:
-    with open(path, "a") as f:
-        f.write(json.dumps(row) + "\n")
+    try:
+        with open(path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+    except OSError as e:
+        raise AndreaError(f"could not add to {path} ({write_error_reason(e)}); training stopped.") from None
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _all_finite(tensors) -> bool:
+    """Whether every value of every tensor is finite, with one synchronisation."""
+    flags = [torch.isfinite(t).all() for t in tensors]
+    return bool(torch.stack(flags).all().item()) if flags else True
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This process's part of a (possibly FSDP-sharded) parameter."""
+    return t.to_local() if hasattr(t, "to_local") else t.detach()
 
 
 def _pick_source(curriculum, names: list[str], share: dict, rng: np.random.Generator, step: int) -> str:
@@ -691,9 +833,28 @@ def _full_optim_state(optimizer, train_model, recipe: str, fsdp: bool) -> dict:
             "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in full["param_groups"]]}
 
 
-def _load_optimizer_state(optimizer, state: dict, train_model, recipe: str, fsdp: bool) -> None:
+def _check_optimizer_fits(state: dict, model_cfg: ModelConfig, recipe: str, path) -> None:
+    """The saved optimizer state belongs to this model and recipe: the same groups of the same
+    parameters. (Shapes, presence and finiteness were checked when the file was read.)"""
+    from andrea.formats import _meta_model
+    from andrea.optim import param_groups
+
+    ours = [len(g["names"]) for g in param_groups(_meta_model(model_cfg), recipe)]
+    saved = [len(g["params"]) for g in state["param_groups"]]
+    if ours != saved:
+        raise AndreaError(f"{path} holds an optimizer state with parameter groups of sizes {saved}, but recipe {recipe} "
+                          f"on this model has {ours}; resume with the recipe it was trained with.")
+
+
+def _load_optimizer_state(optimizer, state: dict, train_model, recipe: str, fsdp: bool, path) -> None:
+    # the saved groups give only which parameters are where; the hyperparameters are this run's
+    ours = optimizer.state_dict()["param_groups"]
+    state = {"state": state["state"], "param_groups": [{**g, "params": s["params"]} for g, s in zip(ours, state["param_groups"])]}
     if not fsdp:
-        optimizer.load_state_dict(state)
+        try:
+            optimizer.load_state_dict(state)
+        except (ValueError, RuntimeError, KeyError, TypeError) as e:
+            raise AndreaError(f"the optimizer state in {path} does not fit this run ({str(e).splitlines()[0][:100]}).") from None
         return
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 

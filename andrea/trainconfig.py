@@ -31,7 +31,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, field, fields, replace
 
-from andrea.config import PRESETS, check_fields
+from andrea.config import MAX_SEED, PRESETS, check_fields
 from andrea.curriculum import DEFAULT_C, DEFAULT_REROLL, MODES, Curriculum
 from andrea.errors import AndreaError
 from andrea.files import atomic_write_bytes, read_json
@@ -47,15 +47,22 @@ def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _int_at_least(low: int):
+MAX_INT = 2**63 - 1  # what torch and numpy hold in an int64
+MAX_BATCH = 2**20  # sequences per step: each needs its own offset and window
+
+
+def _int_at_least(low: int, high: int = MAX_INT):
     def check(value, name):
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
-            raise AndreaError(f"{name} must be an integer >= {low}, got {value!r}.")
+            raise AndreaError(f"{name} must be an integer >= {low}, got {str(value)[:40]}.")
+        if value > high:
+            raise AndreaError(f"{name} must be at most {high:,}, got {str(value)[:40]}.")
     check.kind = int
     return check
 
 
 positive_int, non_negative_int = _int_at_least(1), _int_at_least(0)
+batch_int, seed_int = _int_at_least(1, MAX_BATCH), _int_at_least(0, MAX_SEED)
 
 
 def positive_number(value, name):
@@ -187,8 +194,8 @@ class TrainConfig:
     weight_decay: float = setting(0.1, non_negative_number, "v2 weight decay of the matrices")
     grad_clip: float = setting(1.0, non_negative_number, "v2 global gradient-norm clip (0: none)")
     # sizes and budget
-    batch_size: int = setting(16, positive_int, "sequences per optimizer step, over all processes")
-    micro_batch: int | None = setting(None, optional(positive_int), "sequences per forward pass per process; "
+    batch_size: int = setting(16, batch_int, "sequences per optimizer step, over all processes")
+    micro_batch: int | None = setting(None, optional(batch_int), "sequences per forward pass per process; "
                                       "gradients accumulate (default: the whole per-process batch)")
     seq_len: int | None = setting(None, optional(positive_int), "tokens per training sequence, at most the "
                                   "model's context (default 256, or the context when shorter)")
@@ -199,7 +206,7 @@ class TrainConfig:
     eval_windows: int = setting(16, positive_int, "validation windows per source at each evaluation")
     checkpoint_every: int = setting(100, positive_int, "steps between checkpoints")
     smma_window: int = setting(100, positive_int, "window of the smoothed (SMMA) training loss")
-    seed: int = setting(1337, non_negative_int, "seed of weights, data order and curriculum")
+    seed: int = setting(1337, seed_int, "seed of weights, data order and curriculum")
     # how it runs
     compile: bool = setting(False, boolean, "torch.compile the model (GPU)")
     fsdp: bool = setting(False, boolean, "shard with FSDP under torchrun instead of DDP")

@@ -56,8 +56,15 @@ def main(argv=None) -> int:
     except PermissionError as e:
         print(f"andrea: error: permission denied for {e.filename or e}.", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        return 0
+    except OSError as e:  # the system refused: a full disk, a read-only filesystem, a failing device
+        where = f" ({e.filename})" if e.filename else ""
+        print(f"andrea: error: {e.strerror or e}{where}.", file=sys.stderr)
+        return 2
+    except UnicodeDecodeError as e:  # text read from a file or stream that is not UTF-8
+        print(f"andrea: error: the input is not UTF-8 text ({e.reason} at byte {e.start:,}).", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("andrea: interrupted.", file=sys.stderr)
         return 130
-    except BrokenPipeError:
-        return 0

@@ -235,11 +235,11 @@ def cmd_forward(args) -> int:
     r = forward_matrix(subject.model, ids)
     pieces = [subject.tokenizer.id_to_piece(i) for i in ids]
     norms = {k: np.linalg.norm(r[k], axis=1) for k in ("token_part", "position_part", "x")}
-    if args.save:
-        try:
-            np.save(args.save, r["x"].astype(np.float32))
-        except OSError as e:
-            raise AndreaError(f"cannot write {args.save} ({e.strerror}).") from None
+    if args.save:  # written to exactly the path given (np.save on a name would add .npy to it)
+        from andrea.files import atomic_output
+
+        with atomic_output(args.save) as tmp, open(tmp, "wb") as f:
+            np.save(f, r["x"].astype(np.float32))
     rows = [{"t": t, "id": i, "piece": p, "token_norm": float(norms["token_part"][t]),
              "position_norm": float(norms["position_part"][t]), "sum_norm": float(norms["x"][t])}
             for t, (i, p) in enumerate(zip(ids, pieces))]

@@ -4,11 +4,40 @@ from __future__ import annotations
 
 import sys
 
+from andrea.errors import AndreaError
+
+
+def _text(data: bytes, what: str) -> str:
+    """Bytes read from standard input as text: UTF-8, or one sentence saying where it is not."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise AndreaError(f"{what} is not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start:,}); "
+                          f"andrea reads prompts as UTF-8.") from None
+
+
+def _read_stdin(line: bool = False) -> str:
+    """All of standard input, or one line of it, as UTF-8 text."""
+    raw = getattr(sys.stdin, "buffer", None)
+    if raw is None:  # a text stream with no bytes beneath it
+        return sys.stdin.readline() if line else sys.stdin.read()
+    what = "a line on standard input" if line else "the prompt on standard input"
+    return _text(raw.readline() if line else raw.read(), what)
+
+
+def _check_prompt(prompt: str) -> str:
+    """A prompt from the command line: undecodable bytes in it arrive as lone surrogates."""
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError:
+        raise AndreaError("the --prompt is not UTF-8 text; andrea reads prompts as UTF-8.") from None
+    return prompt
+
 
 def _sampling(args) -> dict:
     from andrea.generate import check_sampling
 
-    check_sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
+    check_sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed)
     return dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                 top_p=args.top_p, seed=args.seed, greedy=args.greedy)
 
@@ -30,9 +59,10 @@ def cmd_generate(args) -> int:
     from andrea.generate import load
 
     sampling = _sampling(args)
-    prompt = args.prompt
-    if prompt is None:
-        prompt = sys.stdin.read()
+    if args.prompt is not None:
+        prompt = _check_prompt(args.prompt)
+    else:
+        prompt = _read_stdin()
         if prompt.endswith("\n"):
             prompt = prompt[:-1]
     generator = load(args.checkpoint, _device(args))
@@ -55,8 +85,7 @@ def cmd_chat(args) -> int:
         if interactive:
             out.write("> ")
             out.flush()
-        line = sys.stdin.readline()
-        line = line.rstrip("\r\n")
+        line = _read_stdin(line=True).rstrip("\r\n")
         if not line.strip() or line.strip() == "/quit":
             break
         out.write("< ")

@@ -16,6 +16,7 @@ nothing here unpickles.
 
 from __future__ import annotations
 
+import functools
 import struct
 from pathlib import Path
 
@@ -72,7 +73,9 @@ def is_norm(name: str) -> bool:
 # ---------------------------------------------------------------- optimizer moments by name
 
 
+@functools.lru_cache(maxsize=4)
 def _meta_model(cfg: ModelConfig):
+    """The model of cfg on the meta device: names and shapes, no memory (cached: read-only)."""
     from andrea.model import ANDREA
 
     with torch.device("meta"):  # shapes and names only, no memory
