@@ -179,13 +179,19 @@ class TrainConfig:
     audit: dict = setting(_section_defaults(AUDIT), None, "the sample audit's settings")
     # the optimizer and its schedule
     recipe: str = setting("v2", one_of(*RECIPES), "v1: Adam 3e-4 and nothing else; v2: AdamW, weight decay on "
-                          "matrices, clipping, warm-up into cosine")
+                          "matrices, clipping, warm-up into cosine; v3: Muon for the blocks' matrices and AdamW for "
+                          "the rest, clipping, warm-up/stable/decay over the run's budget")
     lr: float | None = setting(None, optional(positive_number),
-                               f"peak learning rate (default v1 {DEFAULT_LR['v1']:g}, v2 {DEFAULT_LR['v2']:g})")
-    warmup_steps: int = setting(2000, non_negative_int, "v2 linear learning-rate warm-up steps")
+                               f"peak learning rate (default v1 {DEFAULT_LR['v1']:g}, v2 {DEFAULT_LR['v2']:g}, "
+                               f"v3 {DEFAULT_LR['v3']:g})")
+    muon_lr: float | None = setting(None, optional(positive_number), "v3: peak learning rate of the Muon-trained "
+                                    "matrices, in AdamW's units (default: lr)")
+    warmup_steps: int = setting(2000, non_negative_int, "v2 and v3 linear learning-rate warm-up steps")
     min_lr_ratio: float = setting(0.1, fraction, "v2: the cosine decays to lr times this")
-    weight_decay: float = setting(0.1, non_negative_number, "v2 weight decay of the matrices")
-    grad_clip: float = setting(1.0, non_negative_number, "v2 global gradient-norm clip (0: none)")
+    decay_fraction: float = setting(0.3, fraction, "v3: the last part of the budget (steps or seconds) over which "
+                                    "the learning rate decays linearly to zero")
+    weight_decay: float = setting(0.1, non_negative_number, "v2 and v3 weight decay of the matrices")
+    grad_clip: float = setting(1.0, non_negative_number, "v2 and v3 global gradient-norm clip (0: none)")
     # sizes and budget
     batch_size: int = setting(16, positive_int, "sequences per optimizer step, over all processes")
     micro_batch: int | None = setting(None, optional(positive_int), "sequences per forward pass per process; "
