@@ -20,6 +20,16 @@ from andrea.errors import AndreaError
 TOKENIZER_VERSION = 1  # part of the tokenizer cache key: bump when training changes
 
 
+# The optimizer settings the main job may run with, per recipe, as measured on the 2-core machine
+# (benchmarks/bench_recipes.py runs each of them at equal wall time).
+RECIPE_SETTINGS = {
+    "v1": {"lr": 3e-4},
+    "v2": {"lr": 2e-3, "warmup_steps": 50},
+    "v3": {"lr": 3e-3, "warmup_steps": 50, "decay_fraction": 0.3},
+}
+MAIN_RECIPE = "v2"
+
+
 @dataclass
 class MainJob:
     preset: str = "andrea-cpu"
@@ -29,8 +39,16 @@ class MainJob:
     seed: int = 1337
     batch_size: int = 16
     seq_len: int = 256
-    lr: float = 2e-3
+    recipe: str = MAIN_RECIPE
+    lr: float | None = None  # None: the recipe's own in RECIPE_SETTINGS
     samples: int = 3
+
+    def train_settings(self) -> dict:
+        """The recipe's settings of RECIPE_SETTINGS, with lr replaced when one is given."""
+        out = {"recipe": self.recipe, **RECIPE_SETTINGS[self.recipe]}
+        if self.lr is not None:
+            out["lr"] = self.lr
+        return out
 
 
 def prepared_tokenizer(n_segments: int, names: list[str], log=print):
@@ -89,8 +107,8 @@ def run_main_job(job: MainJob, log=print) -> dict:
     names, tokenizer, tok_dir, data_dir = main_job_data(cfg.n_segments, log)
     out = Path(job.out) if job.out else Path("runs") / time.strftime("main-%Y%m%d-%H%M%S")
     log(f"4/4 training {job.preset} for {job.minutes:g} minutes into {out}")
-    opts = TrainConfig(recipe="v2", batch_size=job.batch_size, seq_len=min(job.seq_len, cfg.block_size),
-                       lr=job.lr, warmup_steps=50, time_limit=job.minutes * 60, eval_every=250,
+    opts = TrainConfig(**job.train_settings(), batch_size=job.batch_size, seq_len=min(job.seq_len, cfg.block_size),
+                       time_limit=job.minutes * 60, eval_every=250,
                        checkpoint_every=100, seed=job.seed, sampling=job.sampling, eval_windows=16,
                        audit={"enabled": False})
     result = train(cfg, opts, data_dir, out, log=log)

@@ -32,7 +32,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields, replace
 
 from andrea.config import PRESETS, check_fields
-from andrea.curriculum import DEFAULT_C, DEFAULT_REROLL, Curriculum
+from andrea.curriculum import DEFAULT_C, DEFAULT_REROLL, REWARDS, Curriculum
 from andrea.errors import AndreaError
 from andrea.files import atomic_write_bytes, read_json
 from andrea.optim import DEFAULT_LR, RECIPES
@@ -151,6 +151,9 @@ AUDIT = {
 }
 CURRICULUM = {
     "C": Setting(DEFAULT_C, non_negative_number, "the UCB1 exploration constant"),
+    "reward": Setting("andrea", one_of(*REWARDS), "andrea: ANDREA's reward (the loss drop below the source's EMA "
+                      "× 1000, never negative); progress: the signed drop in percent of the source's own recent "
+                      "loss, averaged over recent pulls"),
     "reroll": Setting(list(DEFAULT_REROLL), reroll_range, "a pick lasts a random number of steps in LOW..HIGH",
                       nargs=2, kind=int, metavar=("LOW", "HIGH")),
     "warmup_sources": Setting([], names_list, "sources drawn alone during the curriculum's warm-up", nargs="*", kind=str, metavar="NAME"),
@@ -249,7 +252,7 @@ class TrainConfig:
     def curriculum_kwargs(self) -> dict:
         """Keyword arguments of `Curriculum` besides the sources and the mode (which is `sampling`)."""
         c = self.curriculum
-        return {"C": float(c["C"]), "reroll": tuple(c["reroll"]), "warmup_sources": list(c["warmup_sources"]),
+        return {"C": float(c["C"]), "reward": c["reward"], "reroll": tuple(c["reroll"]), "warmup_sources": list(c["warmup_sources"]),
                 "warmup_steps": c["warmup_steps"], "seed": self.seed,
                 "floors": {s["name"]: s["floor"] for s in self.sources if s["floor"] > 0},
                 "caps": {s["name"]: s["cap"] for s in self.sources if s["cap"] < 1}}

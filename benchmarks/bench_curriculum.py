@@ -39,7 +39,7 @@ def steps_per_source(run: Path) -> Counter:
 def main(argv=None) -> int:
     from andrea.config import PRESETS, count_params
     from andrea.errors import AndreaError
-    from andrea.pipeline import MainJob
+    from andrea.pipeline import RECIPE_SETTINGS, MainJob
     from andrea.train import train
     from andrea.trainconfig import TrainConfig
 
@@ -50,7 +50,8 @@ def main(argv=None) -> int:
     ap.add_argument("--minutes", type=float, help="minutes of training per run instead of a step count")
     ap.add_argument("--batch", type=int, default=job.batch_size, help=f"sequences per step (default {job.batch_size})")
     ap.add_argument("--seq", type=int, default=job.seq_len, help=f"tokens per sequence (default {job.seq_len}, at most the context)")
-    ap.add_argument("--lr", type=float, default=job.lr, help=f"peak learning rate (default {job.lr:g})")
+    ap.add_argument("--lr", type=float, default=RECIPE_SETTINGS["v2"]["lr"],
+                    help=f"peak learning rate (default {RECIPE_SETTINGS['v2']['lr']:g})")
     ap.add_argument("--warmup", type=int, help="warmup steps (default a tenth of --steps, at most 50; 50 with --minutes)")
     ap.add_argument("--eval-windows", type=int, default=64, help="held-out windows per source (default 64)")
     ap.add_argument("--seed", type=int, default=job.seed, help=f"seed of both runs (default {job.seed})")
