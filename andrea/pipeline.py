@@ -112,25 +112,65 @@ def run_main_job(job: MainJob, log=print) -> dict:
                        checkpoint_every=100, seed=job.seed, sampling=job.sampling, eval_windows=16,
                        audit={"enabled": False})
     result = train(cfg, opts, data_dir, out, log=log)
-    from andrea.checkpoint import load_model
+    from andrea.checkpoint import load_checkpoint, load_model
 
-    model, tok, _ = load_model(result.checkpoint)
+    best = out / "best.safetensors"
+    chosen = best if best.exists() else result.checkpoint
+    best_step = load_checkpoint(chosen).step
+    best_eval = _eval_at(out / "metrics.jsonl", best_step) or result.eval
+    model, tok, _ = load_model(chosen)
     generator = TextGenerator(model, tok)
     samples = []
-    for i, prompt in enumerate(["The people of the United States", "And it came to pass", "Call me"][: job.samples]):
-        samples.append(prompt + generator.generate(prompt, max_new_tokens=60, temperature=0.8, top_k=40, seed=i))
+    for i, prompt in enumerate(PROMPTS[: job.samples]):
+        greedy = generator.generate(prompt, max_new_tokens=60, greedy=True)
+        sampled = generator.generate(prompt, max_new_tokens=60, temperature=0.8, top_k=40, seed=i)
+        samples.append({"prompt": prompt, "greedy": greedy, "sampled": sampled,
+                        "greedy_repeated_4grams": repeated_ngram_share(prompt + greedy),
+                        "sampled_repeated_4grams": repeated_ngram_share(prompt + sampled)})
     summary = {
+        "recipe": job.recipe,
         "val_bpb": result.eval["all"]["bpb"],
         "val_bpb_by_source": {n: m["bpb"] for n, m in result.eval.items() if n != "all"},
+        "best_step": best_step,
+        "best_val_bpb": best_eval["all"]["bpb"],
         "steps": result.step,
         "tokens_per_s": result.tokens_per_s,
         "mfu": result.mfu,
         "train_seconds": result.elapsed,
         "total_seconds": time.time() - t0,
         "checkpoint": str(result.checkpoint),
+        "best_checkpoint": str(chosen),
         "tokenizer": str(tok_dir),
         "data": str(data_dir),
         "samples": samples,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+PROMPTS = ["The people of the United States", "And it came to pass", "Call me"]
+
+
+def repeated_ngram_share(text: str, n: int = 4) -> float:
+    """The share of the text's word n-grams that already occurred earlier in it: 0 for text that
+    never repeats itself, near 1 for a loop ("of the United States of the United States ...")."""
+    words = text.split()
+    grams = [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
+    if not grams:
+        return 0.0
+    seen, repeated = set(), 0
+    for g in grams:
+        repeated += g in seen
+        seen.add(g)
+    return repeated / len(grams)
+
+
+def _eval_at(metrics: Path, step: int) -> dict | None:
+    """The evaluation logged at `step` in a run's metrics.jsonl (None when there is none)."""
+    found = None
+    if metrics.exists():
+        for line in metrics.read_text().splitlines():
+            row = json.loads(line)
+            if row.get("step") == step and row.get("eval"):
+                found = row["eval"]
+    return found
