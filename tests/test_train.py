@@ -375,14 +375,14 @@ def torchrun_available() -> bool:
 
 
 @pytest.mark.skipif(not torchrun_available(), reason="torchrun is not installed beside this Python")
-@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
-def test_two_processes_match_one(data_dir, tmp_path, mode):
+@pytest.mark.parametrize("mode,recipe", [("ddp", "v2"), ("fsdp", "v2"), ("ddp", "v3"), ("fsdp", "v3")])
+def test_two_processes_match_one(data_dir, tmp_path, mode, recipe):
     """Two processes (gloo) with the same global batch give the same loss curve as one process."""
     cfg = tiny_config(data_dir)
     cfg.save(tmp_path / "model.json")
     common = ["train", "--data", str(data_dir), "--model-config", str(tmp_path / "model.json"), "--max-steps", "6",
               "--batch-size", "4", "--micro-batch", "2", "--seq-len", "32", "--eval-every", "100", "--no-progress",
-              "--warmup-steps", "2"]
+              "--warmup-steps", "2", "--recipe", recipe]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     one = subprocess.run(cli_cmd(*common, "--out", str(tmp_path / "one")), capture_output=True, env=env)
     assert one.returncode == 0, one.stderr.decode()
