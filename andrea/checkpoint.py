@@ -89,7 +89,9 @@ def save_checkpoint(path, config: ModelConfig, model_state: dict, optim_state: d
     return path
 
 
-OPTIM_KEYS = ("exp_avg", "exp_avg_sq", "step")  # what Adam and AdamW keep per parameter
+ADAM_KEYS = ("exp_avg", "exp_avg_sq", "step")  # what Adam and AdamW keep per parameter
+MUON_KEYS = ("momentum_buffer",)  # what Muon keeps (recipe v3's block matrices)
+OPTIM_KEYS = ADAM_KEYS + MUON_KEYS
 FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
 TABLE_ALLOWANCE = 1 << 24  # values of computed position tables allowed beyond the model's size
 
@@ -275,9 +277,14 @@ def _check_optimizer_layout(config: ModelConfig, shapes: dict, info: dict, optim
                               f"but the weight is {list(shapes[name_of[idx]])}.")
     if present:  # a state that was never stepped is empty; one that was holds every part of every parameter
         for idx, name in name_of.items():
-            missing = [k for k in OPTIM_KEYS if k not in present.get(idx, ())]
-            if missing:
-                raise AndreaError(f"{path}: the optimizer state of {name} has no {', '.join(missing)}.")
+            have = present.get(idx, set())
+            if not have:  # no state yet (Muon's momentum after a .bin, which holds none, starts at zero)
+                continue
+            keys = MUON_KEYS if "momentum_buffer" in have else ADAM_KEYS
+            missing = [k for k in keys if k not in have]
+            if missing or have - set(keys):
+                what = f"no {', '.join(missing)}" if missing else f"both Adam's and Muon's entries ({', '.join(sorted(have))})"
+                raise AndreaError(f"{path}: the optimizer state of {name} has {what}.")
     return order
 
 

@@ -7,7 +7,20 @@ Each source k keeps a loss EMA and a reward tally. After a step on k with loss `
     UCB(k)   = mean_reward(k) + C * sqrt(ln N / n_k)      (N pulls in all, n_k of k; unpulled: +inf)
 
 A source whose loss is still falling earns reward; one the model has learned earns none, and the
-exploration term slowly brings it back. The scores become sampling weights only at re-rolls,
+exploration term slowly brings it back. That is reward "andrea", ANDREA's formula and the default.
+
+Reward "progress" measures each source's learning progress against its own recent level, so
+sources of different loss scales and noise compete on equal terms:
+
+    reward_k = 100 * (EMA_k(before) - loss_k) / EMA_k(before)   (signed; first observation 0)
+    mean_k   = 0.95 * mean_k + 0.05 * reward_k                   (recent rewards; first: reward_k)
+    UCB(k)   = mean_k + C * sqrt(ln N / n_k)
+
+The relative drop is in percent of the source's own level, so a source whose loss is 2x another's
+does not earn 2x for the same progress; the reward is signed, so a flat source's noise averages to
+zero instead of being paid for every lucky batch (max(0, noise) > 0); and the mean is a recent one,
+so the large drops of the first steps do not keep a source favoured after it has been learned.
+Negative scores count as 0 when they become weights. The scores become sampling weights only at re-rolls,
 spaced by a seeded random interval (uniform integer in `reroll`, default 7..42 steps):
 
 1. Open sources: during warm-up (step < warmup_steps) only `warmup_sources`; otherwise all.
@@ -45,6 +58,9 @@ from andrea.errors import AndreaError
 
 EMA_ALPHA = 0.1
 REWARD_SCALE = 1000.0
+REWARDS = ("andrea", "progress")
+PROGRESS_SCALE = 100.0  # progress rewards in percent of the source's own recent loss
+RECENT_ALPHA = 0.05  # progress: the weight of a new reward in the recent mean
 DEFAULT_C = math.sqrt(2.0)  # UCB1's constant (Auer et al., 2002)
 DEFAULT_REROLL = (7, 42)
 MODES = ("ucb", "uniform")
@@ -55,6 +71,13 @@ def reward_and_ema(ema: float | None, loss: float) -> tuple[float, float]:
     """One observation: (reward, new EMA) from the EMA before it (None: no observation yet)."""
     before = loss if ema is None else ema
     reward = max(0.0, before - loss) * REWARD_SCALE
+    return reward, (1.0 - EMA_ALPHA) * before + EMA_ALPHA * loss
+
+
+def progress_reward_and_ema(ema: float | None, loss: float) -> tuple[float, float]:
+    """Reward "progress": (relative drop against the source's own EMA in percent, new EMA)."""
+    before = loss if ema is None else ema
+    reward = (before - loss) / before * PROGRESS_SCALE if before > 0 else 0.0
     return reward, (1.0 - EMA_ALPHA) * before + EMA_ALPHA * loss
 
 
@@ -103,7 +126,7 @@ class Curriculum:
     def __init__(self, sources: list[str], C: float = DEFAULT_C, floors: dict[str, float] | None = None,
                  caps: dict[str, float] | None = None, warmup_sources: list[str] | tuple = (),
                  warmup_steps: int = 0, reroll: tuple[int, int] = DEFAULT_REROLL, seed: int = 0,
-                 mode: str = "ucb"):
+                 mode: str = "ucb", reward: str = "andrea"):
         self.sources = list(sources)
         self.C = float(C)
         self.floors = {k: float(v) for k, v in (floors or {}).items()}
@@ -113,12 +136,14 @@ class Curriculum:
         self.reroll = tuple(reroll)
         self.seed = seed
         self.mode = mode
+        self.reward = reward
         self._validate()
         n = len(self.sources)
         self._index = {s: i for i, s in enumerate(self.sources)}
         self._ema: list[float | None] = [None] * n
         self._pulls = [0] * n
         self._reward_sum = [0.0] * n
+        self._recent: list[float | None] = [None] * n  # reward "progress": the recent mean reward
         self._rng = random.Random(seed)
         self._weights = [0.0] * n
         self._open: list[str] | None = None  # the open sources when the weights were last rolled
@@ -135,6 +160,8 @@ class Curriculum:
             raise AndreaError(f"source names must be unique; repeated: {', '.join(dupes)}.")
         if self.mode not in MODES:
             raise AndreaError(f"curriculum mode must be one of {', '.join(MODES)}, got {self.mode!r}.")
+        if self.reward not in REWARDS:
+            raise AndreaError(f"curriculum reward must be one of {', '.join(REWARDS)}, got {self.reward!r}.")
         if not math.isfinite(self.C) or self.C < 0:
             raise AndreaError(f"the bandit constant C must be a non-negative number, got {self.C!r}.")
         for what, table in (("floor", self.floors), ("cap", self.caps), ("warm-up source", dict.fromkeys(self.warmup_sources))):
@@ -196,7 +223,7 @@ class Curriculum:
         if any(math.isinf(scores[s]) for s in open_now):
             raw = dict.fromkeys(open_now, 1.0)
         else:
-            raw = {s: scores[s] for s in open_now}
+            raw = {s: max(0.0, scores[s]) for s in open_now}
         return clamp_weights(raw, self.floors, self.caps)
 
     def update(self, source: str, loss: float) -> float:
@@ -207,7 +234,12 @@ class Curriculum:
         if not math.isfinite(loss):
             raise AndreaError(f"the loss of source {source} is {loss}; the curriculum needs a finite loss.")
         i = self._index[source]
-        reward, self._ema[i] = reward_and_ema(self._ema[i], loss)
+        if self.reward == "progress":
+            reward, self._ema[i] = progress_reward_and_ema(self._ema[i], loss)
+            recent = self._recent[i]
+            self._recent[i] = reward if recent is None else (1 - RECENT_ALPHA) * recent + RECENT_ALPHA * reward
+        else:
+            reward, self._ema[i] = reward_and_ema(self._ema[i], loss)
         self._pulls[i] += 1
         self._reward_sum[i] += reward
         self._history.append((self._step, i, loss, reward, len(self._rerolls) - 1))
@@ -228,6 +260,10 @@ class Curriculum:
         return dict(zip(self.sources, self._pulls))
 
     def mean_rewards(self) -> dict[str, float]:
+        """The reward term of each source's score: the mean of all its rewards (reward "andrea"),
+        or the recent mean (reward "progress")."""
+        if self.reward == "progress":
+            return {s: r if r is not None else 0.0 for s, r in zip(self.sources, self._recent)}
         return {s: self._reward_sum[i] / self._pulls[i] if self._pulls[i] else 0.0 for i, s in enumerate(self.sources)}
 
     def ucb_scores(self) -> dict[str, float]:
@@ -254,7 +290,7 @@ class Curriculum:
     def state_dict(self) -> dict:
         version, internal, gauss = self._rng.getstate()
         return {
-            "sources": list(self.sources), "mode": self.mode,
+            "sources": list(self.sources), "mode": self.mode, "reward": self.reward, "recent": list(self._recent),
             "ema": list(self._ema), "pulls": list(self._pulls), "reward_sum": list(self._reward_sum),
             "weights": list(self._weights), "open": self._open, "next_reroll": self._next_reroll,
             "step": self._step, "rng": [version, list(internal), gauss],
@@ -267,12 +303,15 @@ class Curriculum:
             raise AndreaError(f"curriculum state is for sources {d.get('sources')}, this run has {self.sources}.")
         if d.get("mode") != self.mode:
             raise AndreaError(f"curriculum state is for mode {d.get('mode')!r}, this run has {self.mode!r}.")
+        if d.get("reward", "andrea") != self.reward:
+            raise AndreaError(f"curriculum state is for reward {d.get('reward', 'andrea')!r}, this run has {self.reward!r}.")
         try:
             version, internal, gauss = d["rng"]
             self._rng.setstate((version, tuple(internal), gauss))
             self._ema = [None if e is None else float(e) for e in d["ema"]]
             self._pulls = [int(n) for n in d["pulls"]]
             self._reward_sum = [float(r) for r in d["reward_sum"]]
+            self._recent = [None if r is None else float(r) for r in d.get("recent", [None] * len(self.sources))]
             self._weights = [float(w) for w in d["weights"]]
             self._open = None if d["open"] is None else list(d["open"])
             self._next_reroll = int(d["next_reroll"])

@@ -20,6 +20,17 @@ from andrea.errors import AndreaError
 TOKENIZER_VERSION = 1  # part of the tokenizer cache key: bump when training changes
 
 
+# The optimizer settings the main job may run with, per recipe (benchmarks/bench_recipes.py runs
+# each of them at equal wall time). v3's lr 6e-3 beat 3e-3 side by side, and v3 beat v2 on both
+# seeds tried, in short runs on the 2-core machine (BENCHMARKS.md, "Recipes at equal wall time").
+RECIPE_SETTINGS = {
+    "v1": {"lr": 3e-4},
+    "v2": {"lr": 2e-3, "warmup_steps": 50},
+    "v3": {"lr": 6e-3, "warmup_steps": 50, "decay_fraction": 0.3},
+}
+MAIN_RECIPE = "v3"
+
+
 @dataclass
 class MainJob:
     preset: str = "andrea-cpu"
@@ -29,8 +40,16 @@ class MainJob:
     seed: int = 1337
     batch_size: int = 16
     seq_len: int = 256
-    lr: float = 2e-3
+    recipe: str = MAIN_RECIPE
+    lr: float | None = None  # None: the recipe's own in RECIPE_SETTINGS
     samples: int = 3
+
+    def train_settings(self) -> dict:
+        """The recipe's settings of RECIPE_SETTINGS, with lr replaced when one is given."""
+        out = {"recipe": self.recipe, **RECIPE_SETTINGS[self.recipe]}
+        if self.lr is not None:
+            out["lr"] = self.lr
+        return out
 
 
 def prepared_tokenizer(n_segments: int, names: list[str], log=print):
@@ -89,30 +108,70 @@ def run_main_job(job: MainJob, log=print) -> dict:
     names, tokenizer, tok_dir, data_dir = main_job_data(cfg.n_segments, log)
     out = Path(job.out) if job.out else Path("runs") / time.strftime("main-%Y%m%d-%H%M%S")
     log(f"4/4 training {job.preset} for {job.minutes:g} minutes into {out}")
-    opts = TrainConfig(recipe="v2", batch_size=job.batch_size, seq_len=min(job.seq_len, cfg.block_size),
-                       lr=job.lr, warmup_steps=50, time_limit=job.minutes * 60, eval_every=250,
+    opts = TrainConfig(**job.train_settings(), batch_size=job.batch_size, seq_len=min(job.seq_len, cfg.block_size),
+                       time_limit=job.minutes * 60, eval_every=250,
                        checkpoint_every=100, seed=job.seed, sampling=job.sampling, eval_windows=16,
                        audit={"enabled": False})
     result = train(cfg, opts, data_dir, out, log=log)
-    from andrea.checkpoint import load_model
+    from andrea.checkpoint import load_checkpoint, load_model
 
-    model, tok, _ = load_model(result.checkpoint)
+    best = out / "best.safetensors"
+    chosen = best if best.exists() else result.checkpoint
+    best_step = load_checkpoint(chosen).step
+    best_eval = _eval_at(out / "metrics.jsonl", best_step) or result.eval
+    model, tok, _ = load_model(chosen)
     generator = TextGenerator(model, tok)
     samples = []
-    for i, prompt in enumerate(["The people of the United States", "And it came to pass", "Call me"][: job.samples]):
-        samples.append(prompt + generator.generate(prompt, max_new_tokens=60, temperature=0.8, top_k=40, seed=i))
+    for i, prompt in enumerate(PROMPTS[: job.samples]):
+        greedy = generator.generate(prompt, max_new_tokens=60, greedy=True)
+        sampled = generator.generate(prompt, max_new_tokens=60, temperature=0.8, top_k=40, seed=i)
+        samples.append({"prompt": prompt, "greedy": greedy, "sampled": sampled,
+                        "greedy_repeated_4grams": repeated_ngram_share(prompt + greedy),
+                        "sampled_repeated_4grams": repeated_ngram_share(prompt + sampled)})
     summary = {
+        "recipe": job.recipe,
         "val_bpb": result.eval["all"]["bpb"],
         "val_bpb_by_source": {n: m["bpb"] for n, m in result.eval.items() if n != "all"},
+        "best_step": best_step,
+        "best_val_bpb": best_eval["all"]["bpb"],
         "steps": result.step,
         "tokens_per_s": result.tokens_per_s,
         "mfu": result.mfu,
         "train_seconds": result.elapsed,
         "total_seconds": time.time() - t0,
         "checkpoint": str(result.checkpoint),
+        "best_checkpoint": str(chosen),
         "tokenizer": str(tok_dir),
         "data": str(data_dir),
         "samples": samples,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+PROMPTS = ["The people of the United States", "And it came to pass", "Call me"]
+
+
+def repeated_ngram_share(text: str, n: int = 4) -> float:
+    """The share of the text's word n-grams that already occurred earlier in it: 0 for text that
+    never repeats itself, near 1 for a loop ("of the United States of the United States ...")."""
+    words = text.split()
+    grams = [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
+    if not grams:
+        return 0.0
+    seen, repeated = set(), 0
+    for g in grams:
+        repeated += g in seen
+        seen.add(g)
+    return repeated / len(grams)
+
+
+def _eval_at(metrics: Path, step: int) -> dict | None:
+    """The evaluation logged at `step` in a run's metrics.jsonl (None when there is none)."""
+    found = None
+    if metrics.exists():
+        for line in metrics.read_text().splitlines():
+            row = json.loads(line)
+            if row.get("step") == step and row.get("eval"):
+                found = row["eval"]
+    return found

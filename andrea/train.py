@@ -14,7 +14,8 @@ checkpoint saves and `--resume` restores, in one place.
 A run folder holds:
   latest.safetensors   the newest checkpoint (every `checkpoint_every` steps, at the end, on
                        SIGTERM or Ctrl-C, and at once on SIGUSR1)
-  best.safetensors     the checkpoint with the lowest smoothed loss so far
+  best.safetensors     the checkpoint with the lowest validation loss (over every source) at an
+                       evaluation so far, written at that evaluation
   metrics.jsonl        one JSON line per step, per evaluation and per audit
   loss.png             the loss curves, redrawn at every evaluation
   curriculum.png       pulls, rewards and weights per source over time (with a curriculum)
@@ -141,7 +142,7 @@ class SMMA:
 
 class RunState:
     """Everything of a run that changes from step to step, besides the weights and the optimizer:
-    the step, tokens seen, seconds trained, the smoothed loss and the best of it, the data order's
+    the step, tokens seen, seconds trained, the smoothed loss, the lowest validation loss, the data order's
     generator, the curriculum and the audit. `state_dict()` is what a checkpoint's metadata holds;
     `load_state_dict()` is what `--resume` reads. A checkpoint converted from another format holds
     only the step: the rest then starts afresh from the run's seed."""
@@ -149,12 +150,12 @@ class RunState:
     def __init__(self, cfg: TrainConfig, curriculum=None, auditor=None):
         self.step, self.tokens_seen, self.elapsed_before = 0, 0, 0.0
         self.smma = SMMA(cfg.smma_window)
-        self.best_smma = float("inf")
+        self.best_val_loss = float("inf")
         self.data_rng = np.random.default_rng(cfg.seed)
         self.curriculum, self.auditor = curriculum, auditor
 
     def state_dict(self, elapsed: float) -> dict:
-        d = {"step": self.step, "tokens_seen": self.tokens_seen, "best_smma": self.best_smma,
+        d = {"step": self.step, "tokens_seen": self.tokens_seen, "best_val_loss": self.best_val_loss,
              "smma": self.smma.state_dict(), "elapsed": elapsed, "data_rng": self.data_rng.bit_generator.state}
         if self.curriculum is not None:
             d["curriculum"] = self.curriculum.state_dict()
@@ -168,12 +169,12 @@ class RunState:
             raise AndreaError(f"{where}: its run state field {field!r} is damaged (found {str(value)[:60]!r}).")
 
         step, tokens = meta.get("step", 0), meta.get("tokens_seen", 0)
-        best, elapsed = meta.get("best_smma", float("inf")), meta.get("elapsed", 0.0)
+        best, elapsed = meta.get("best_val_loss", float("inf")), meta.get("elapsed", 0.0)
         for field, value in (("step", step), ("tokens_seen", tokens)):
             if not _is_int(value) or value < 0:
                 bad(field, value)
         if not _is_number(best) or math.isnan(best) or best == -math.inf:
-            bad("best_smma", best)
+            bad("best_val_loss", best)
         if not _is_number(elapsed) or not 0 <= elapsed < math.inf:
             bad("elapsed", elapsed)
         smma = meta.get("smma", self.smma.state_dict())
@@ -199,7 +200,7 @@ class RunState:
             finally:
                 torch.set_rng_state(saved)
         # everything is well formed: take it
-        self.step, self.tokens_seen, self.best_smma, self.elapsed_before = step, tokens, float(best), float(elapsed)
+        self.step, self.tokens_seen, self.best_val_loss, self.elapsed_before = step, tokens, float(best), float(elapsed)
         self.smma.load_state_dict(smma)
         if "data_rng" in meta:
             self.data_rng = rng
@@ -261,7 +262,8 @@ class Run:
         if ckpt is not None:
             self.model.load_state_dict(ckpt.model_state)
         self.train_model = self._distribute()
-        self.optimizer = make_optimizer(self.train_model, cfg.recipe, cfg.resolved_lr(), cfg.weight_decay, self.device)
+        self.optimizer = make_optimizer(self.train_model, cfg.recipe, cfg.resolved_lr(), cfg.weight_decay, self.device,
+                                        muon_lr=cfg.muon_lr)
         if ckpt is not None and ckpt.optim_state is not None and ckpt.optim_state["state"]:
             _load_optimizer_state(self.optimizer, ckpt.optim_state, self.train_model, cfg.recipe, self.fsdp,
                                   self.out / "latest.safetensors")
@@ -299,10 +301,10 @@ class Run:
     def step(self) -> tuple[str, float, float, float | None]:
         """One optimizer step on one source: (source, loss, learning rate, gradient norm)."""
         cfg, state = self.cfg, self.state
-        progress = state.step / cfg.max_steps if cfg.max_steps else self.elapsed() / cfg.time_limit
-        lr = lr_at(cfg.recipe, cfg.resolved_lr(), state.step, progress, cfg.warmup_steps, cfg.min_lr_ratio)
+        lr = lr_at(cfg.recipe, cfg.resolved_lr(), state.step, self.progress(), cfg.warmup_steps, cfg.min_lr_ratio,
+                   cfg.decay_fraction)
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group.get("lr_scale", 1.0)
         # the global batch: one source, offsets from the shared generator, this rank's slice
         source = _pick_source(state.curriculum, self.names, self.share, state.data_rng, state.step)
         offsets = self.data.sample_offsets(source, cfg.batch_size, cfg.seq_len, state.data_rng)
@@ -318,7 +320,8 @@ class Run:
         loss = self._mean_over_ranks(loss_sum / self.accum)
         if not math.isfinite(loss):
             self.stop_on_bad_state(f"the loss became {loss} at step {state.step + 1} ({source})")
-        grad_norm = _clip(self.train_model, cfg.grad_clip, self.fsdp) if cfg.recipe == "v2" and cfg.grad_clip > 0 else None
+        clip = cfg.recipe != "v1" and cfg.grad_clip > 0
+        grad_norm = _clip(self.train_model, cfg.grad_clip, self.fsdp) if clip else None
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         if self.any_rank(not _all_finite(_local(p) for p in self.train_model.parameters())):
@@ -359,7 +362,8 @@ class Run:
         bar.update(1)
 
     def evaluate(self, say) -> tuple[int, dict | None]:
-        """Validation loss and bits per byte per source, logged, plotted; (step, result)."""
+        """Validation loss and bits per byte per source, logged, plotted; (step, result). When the
+        loss over every source is the lowest yet, this is the new best.safetensors."""
         step = self.state.step
         self.barrier()
         result = None
@@ -379,6 +383,10 @@ class Run:
                 say(f"note: could not draw loss.png ({e})")
             if self.state.curriculum is not None:
                 _plot_curriculum(self.state.curriculum, self.out / "curriculum.png")
+        best = self.master and result["all"]["loss"] < self.state.best_val_loss
+        if self.any_rank(best):  # every process takes part in a save (FSDP gathers the state)
+            self.state.best_val_loss = result["all"]["loss"] if result is not None else self.state.best_val_loss
+            self.save("best.safetensors")
         self.barrier()
         return step, result
 
@@ -406,14 +414,9 @@ class Run:
         return halt
 
     def checkpoint(self, final: bool = False) -> Path | None:
-        """Save latest.safetensors, and best.safetensors when the smoothed loss is the lowest yet
-        (a finite best is never replaced by a non-finite one). The state is checked before either
-        is written. Every process takes part: under FSDP gathering the state is collective."""
-        smma = self.state.smma.value
-        better = math.isfinite(smma) and smma < self.state.best_smma
-        if better:
-            self.state.best_smma = smma
-        path = self.save("latest.safetensors", *(["best.safetensors"] if better else []))
+        """Save latest.safetensors (best.safetensors is written by `evaluate`). Every process takes
+        part: under FSDP gathering the state is collective."""
+        path = self.save("latest.safetensors")
         if final and self.master and self.state.curriculum is not None:
             _plot_curriculum(self.state.curriculum, self.out / "curriculum.png")
         return path
@@ -492,6 +495,17 @@ class Run:
     def elapsed(self) -> float:
         """Seconds of training, over every resumed part of the run."""
         return self.state.elapsed_before + (time.time() - self.t_start)
+
+    def progress(self) -> float:
+        """The fraction of the budget spent: steps over max_steps, or seconds over time_limit when
+        only that is given. v3 takes the larger of the two when both are, so its decay ends where
+        the run does."""
+        cfg = self.cfg
+        by_steps = self.state.step / cfg.max_steps if cfg.max_steps else None
+        by_time = self.elapsed() / cfg.time_limit if cfg.time_limit else None
+        if cfg.recipe == "v3" and by_steps is not None and by_time is not None:
+            return max(by_steps, by_time)
+        return by_steps if by_steps is not None else by_time
 
     def progress_bar(self):
         from tqdm import tqdm

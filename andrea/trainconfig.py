@@ -32,7 +32,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields, replace
 
 from andrea.config import MAX_SEED, PRESETS, check_fields
-from andrea.curriculum import DEFAULT_C, DEFAULT_REROLL, MODES, Curriculum
+from andrea.curriculum import DEFAULT_C, DEFAULT_REROLL, MODES, REWARDS, Curriculum
 from andrea.errors import AndreaError
 from andrea.files import atomic_write_bytes, read_json
 from andrea.optim import DEFAULT_LR, RECIPES
@@ -158,6 +158,9 @@ AUDIT = {
 }
 CURRICULUM = {
     "C": Setting(DEFAULT_C, non_negative_number, "the UCB1 exploration constant"),
+    "reward": Setting("andrea", one_of(*REWARDS), "andrea: ANDREA's reward (the loss drop below the source's EMA "
+                      "× 1000, never negative); progress: the signed drop in percent of the source's own recent "
+                      "loss, averaged over recent pulls"),
     "reroll": Setting(list(DEFAULT_REROLL), reroll_range, "a pick lasts a random number of steps in LOW..HIGH",
                       nargs=2, kind=int, metavar=("LOW", "HIGH")),
     "warmup_sources": Setting([], names_list, "sources drawn alone during the curriculum's warm-up", nargs="*", kind=str, metavar="NAME"),
@@ -186,13 +189,19 @@ class TrainConfig:
     audit: dict = setting(_section_defaults(AUDIT), None, "the sample audit's settings")
     # the optimizer and its schedule
     recipe: str = setting("v2", one_of(*RECIPES), "v1: Adam 3e-4 and nothing else; v2: AdamW, weight decay on "
-                          "matrices, clipping, warm-up into cosine")
+                          "matrices, clipping, warm-up into cosine; v3: Muon for the blocks' matrices and AdamW for "
+                          "the rest, clipping, warm-up/stable/decay over the run's budget")
     lr: float | None = setting(None, optional(positive_number),
-                               f"peak learning rate (default v1 {DEFAULT_LR['v1']:g}, v2 {DEFAULT_LR['v2']:g})")
-    warmup_steps: int = setting(2000, non_negative_int, "v2 linear learning-rate warm-up steps")
+                               f"peak learning rate (default v1 {DEFAULT_LR['v1']:g}, v2 {DEFAULT_LR['v2']:g}, "
+                               f"v3 {DEFAULT_LR['v3']:g})")
+    muon_lr: float | None = setting(None, optional(positive_number), "v3: peak learning rate of the Muon-trained "
+                                    "matrices, in AdamW's units (default: lr)")
+    warmup_steps: int = setting(2000, non_negative_int, "v2 and v3 linear learning-rate warm-up steps")
     min_lr_ratio: float = setting(0.1, fraction, "v2: the cosine decays to lr times this")
-    weight_decay: float = setting(0.1, non_negative_number, "v2 weight decay of the matrices")
-    grad_clip: float = setting(1.0, non_negative_number, "v2 global gradient-norm clip (0: none)")
+    decay_fraction: float = setting(0.3, fraction, "v3: the last part of the budget (steps or seconds) over which "
+                                    "the learning rate decays linearly to zero")
+    weight_decay: float = setting(0.1, non_negative_number, "v2 and v3 weight decay of the matrices")
+    grad_clip: float = setting(1.0, non_negative_number, "v2 and v3 global gradient-norm clip (0: none)")
     # sizes and budget
     batch_size: int = setting(16, batch_int, "sequences per optimizer step, over all processes")
     micro_batch: int | None = setting(None, optional(batch_int), "sequences per forward pass per process; "
@@ -250,7 +259,7 @@ class TrainConfig:
     def curriculum_kwargs(self) -> dict:
         """Keyword arguments of `Curriculum` besides the sources and the mode (which is `sampling`)."""
         c = self.curriculum
-        return {"C": float(c["C"]), "reroll": tuple(c["reroll"]), "warmup_sources": list(c["warmup_sources"]),
+        return {"C": float(c["C"]), "reward": c["reward"], "reroll": tuple(c["reroll"]), "warmup_sources": list(c["warmup_sources"]),
                 "warmup_steps": c["warmup_steps"], "seed": self.seed,
                 "floors": {s["name"]: s["floor"] for s in self.sources if s["floor"] > 0},
                 "caps": {s["name"]: s["cap"] for s in self.sources if s["cap"] < 1}}

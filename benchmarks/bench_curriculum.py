@@ -1,14 +1,17 @@
-"""The UCB1 curriculum against uniform sampling of sources, on the main job's data.
+"""Source sampling compared on the main job's data: the UCB1 curriculum (ANDREA's reward, and the
+"progress" reward), uniform, and token-proportional.
 
-Two runs that differ only in how each step's source is chosen: `ucb` (the bandit of
-andrea.curriculum) and `uniform` (every source equally likely, same re-roll schedule). Same model,
-same seed, same step budget (or the same time budget with --minutes), the main job's recipe (v2,
-batch 16 × 256, lr 2e-3) and the main job's cached tokenizer and shards. Afterwards, validation
-bits per byte on the same fixed held-out windows of every source, and which sampling is lower
-there. One seed per sampling: a small difference may be noise.
+Runs that differ only in how each step's source is chosen: `ucb` (the bandit of andrea.curriculum
+with ANDREA's reward), `ucb-progress` (the same bandit with reward "progress": learning progress
+against each source's own recent level), `uniform` (every source equally likely, same re-roll
+schedule) and `proportional` (by token count, no curriculum). Same model, same seeds, same step
+budget (or the same time budget with --minutes), the main job's v2 recipe (batch 16 × 256, lr
+2e-3) and its cached tokenizer and shards. Afterwards, validation bits per byte on the same fixed
+held-out windows of every source: per source and overall, the mean over seeds and, with several
+seeds, the spread. The runs go seed by seed, arm after arm, so compared arms ran side by side.
 
-    .venv/bin/python benchmarks/bench_curriculum.py                         # andrea-cpu, 100 steps each
-    .venv/bin/python benchmarks/bench_curriculum.py --steps 600             # a longer comparison
+    .venv/bin/python benchmarks/bench_curriculum.py                         # andrea-cpu, 100 steps, 1 seed
+    .venv/bin/python benchmarks/bench_curriculum.py --minutes 15 --seeds 3  # the main job's budget
     .venv/bin/python benchmarks/bench_curriculum.py --preset andrea-tiny --steps 10   # a smoke check
 """
 
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 from collections import Counter
@@ -23,7 +27,8 @@ from pathlib import Path
 
 from common import machine_line, main_job_data, md_table, say
 
-SAMPLINGS = ("ucb", "uniform")
+ARMS = {"ucb": ("ucb", "andrea"), "ucb-progress": ("ucb", "progress"), "uniform": ("uniform", "andrea"),
+        "proportional": ("proportional", "andrea")}
 
 
 def steps_per_source(run: Path) -> Counter:
@@ -39,7 +44,7 @@ def steps_per_source(run: Path) -> Counter:
 def main(argv=None) -> int:
     from andrea.config import PRESETS, count_params
     from andrea.errors import AndreaError
-    from andrea.pipeline import MainJob
+    from andrea.pipeline import RECIPE_SETTINGS, MainJob
     from andrea.train import train
     from andrea.trainconfig import TrainConfig
 
@@ -50,12 +55,15 @@ def main(argv=None) -> int:
     ap.add_argument("--minutes", type=float, help="minutes of training per run instead of a step count")
     ap.add_argument("--batch", type=int, default=job.batch_size, help=f"sequences per step (default {job.batch_size})")
     ap.add_argument("--seq", type=int, default=job.seq_len, help=f"tokens per sequence (default {job.seq_len}, at most the context)")
-    ap.add_argument("--lr", type=float, default=job.lr, help=f"peak learning rate (default {job.lr:g})")
+    ap.add_argument("--lr", type=float, default=RECIPE_SETTINGS["v2"]["lr"],
+                    help=f"peak learning rate (default {RECIPE_SETTINGS['v2']['lr']:g})")
     ap.add_argument("--warmup", type=int, help="warmup steps (default a tenth of --steps, at most 50; 50 with --minutes)")
     ap.add_argument("--eval-windows", type=int, default=64, help="held-out windows per source (default 64)")
-    ap.add_argument("--seed", type=int, default=job.seed, help=f"seed of both runs (default {job.seed})")
+    ap.add_argument("--seeds", type=int, default=1, help="seeds per arm (default 1)")
+    ap.add_argument("--seed", type=int, default=job.seed, help=f"the first seed (default {job.seed})")
+    ap.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS), help="which samplings (default all)")
     ap.add_argument("--threads", type=int, help="torch threads (default torch's choice)")
-    ap.add_argument("--out", type=Path, help="keep the two runs here (default a temporary folder, removed)")
+    ap.add_argument("--out", type=Path, help="keep the runs here (default a temporary folder, removed)")
     args = ap.parse_args(argv)
 
     cfg = PRESETS[args.preset]
@@ -79,18 +87,21 @@ def main(argv=None) -> int:
         root = Path(tmp.name)
     else:
         root = args.out
+    seeds = list(range(args.seed, args.seed + args.seeds))
     results, counts = {}, {}
     try:
-        for sampling in SAMPLINGS:
-            run = root / sampling
-            opts = TrainConfig(recipe="v2", batch_size=args.batch, seq_len=seq, lr=args.lr,
-                               warmup_steps=warmup, max_steps=None if args.minutes else args.steps,
-                               time_limit=args.minutes * 60 if args.minutes else None, eval_every=10**9,
-                               checkpoint_every=10**9, eval_windows=args.eval_windows, seed=args.seed,
-                               sampling=sampling, audit={"enabled": False})
-            say(f"training {args.preset} with {sampling} sampling into {run}")
-            results[sampling] = train(cfg, opts, data_dir, run, log=say, progress=sys.stderr.isatty())
-            counts[sampling] = steps_per_source(run)
+        for seed in seeds:
+            for arm in args.arms:
+                sampling, reward = ARMS[arm]
+                run = root / f"{arm}-seed{seed}"
+                opts = TrainConfig(recipe="v2", batch_size=args.batch, seq_len=seq, lr=args.lr,
+                                   warmup_steps=warmup, max_steps=None if args.minutes else args.steps,
+                                   time_limit=args.minutes * 60 if args.minutes else None, eval_every=10**9,
+                                   checkpoint_every=10**9, eval_windows=args.eval_windows, seed=seed,
+                                   sampling=sampling, curriculum={"reward": reward}, audit={"enabled": False})
+                say(f"training {args.preset} with {arm} sampling, seed {seed}, into {run}")
+                results[arm, seed] = train(cfg, opts, data_dir, run, log=say, progress=sys.stderr.isatty())
+                counts[arm, seed] = steps_per_source(run)
     except AndreaError as e:
         print(f"bench_curriculum: error: {e}", file=sys.stderr)
         return 2
@@ -98,34 +109,39 @@ def main(argv=None) -> int:
         if tmp is not None:
             tmp.cleanup()
 
-    ucb, uni = results["ucb"].eval, results["uniform"].eval
-    names = [n for n in ucb if n != "all"]
-    rows, wins = [], Counter()
+    first = results[args.arms[0], seeds[0]].eval
+    names = [n for n in first if n != "all"]
+
+    def cell(arm, name):
+        got = [results[arm, s].eval[name]["bpb"] for s in seeds]
+        mean = statistics.fmean(got)
+        return mean, (f"{mean:.4f} ± {statistics.stdev(got):.4f}" if len(got) > 1 else f"{mean:.4f}")
+
+    rows, best = [], Counter()
     for name in names + ["all"]:
-        a, b = ucb[name]["bpb"], uni[name]["bpb"]
-        winner = "ucb" if a < b else "uniform" if b < a else "tie"
+        cells = {arm: cell(arm, name) for arm in args.arms}
+        low = min(args.arms, key=lambda a: cells[a][0])
         if name != "all":
-            wins[winner] += 1
-        steps_cells = ([counts["ucb"][name], counts["uniform"][name]] if name != "all"
-                       else [results["ucb"].step, results["uniform"].step])
-        rows.append([f"**{name}**" if name == "all" else name, f"{a:.4f}", f"{b:.4f}", f"{a - b:+.4f}",
-                     winner, *steps_cells, f"{ucb[name]['tokens']:,}"])
+            best[low] += 1
+        steps = [f"{statistics.fmean(counts[a, s][name] for s in seeds):,.0f}" if name != "all"
+                 else f"{statistics.fmean(results[a, s].step for s in seeds):,.0f}" for a in args.arms]
+        rows.append([f"**{name}**" if name == "all" else name, *(cells[a][1] for a in args.arms), low, *steps])
 
     budget = f"{args.minutes:g} min per run" if args.minutes else f"{args.steps:,} steps per run"
-    print(f"## Curriculum: UCB1 against uniform source sampling, {args.preset}\n")
+    print(f"## Curriculum: source sampling compared, {args.preset}\n")
     print(f"machine: {machine_line()}\n")
     print(f"model {args.preset} ({count_params(cfg):,} parameters); data: the main job's shards `{data_dir}` "
           f"({', '.join(names)}); recipe v2, batch {args.batch} × {seq}, lr {args.lr:g}, warmup {warmup}, "
-          f"seed {args.seed}; budget {budget}; audit off. Training time: ucb {results['ucb'].elapsed:.0f} s, "
-          f"uniform {results['uniform'].elapsed:.0f} s.\n")
-    print(md_table(["source", "val bits/byte, ucb", "val bits/byte, uniform", "ucb − uniform", "lower",
-                    "steps on source, ucb", "steps on source, uniform", "held-out tokens"], rows, right={1, 2, 3, 5, 6, 7}))
+          f"seeds {', '.join(map(str, seeds))}; budget {budget}; audit off. Cells: validation bits per byte, the mean "
+          f"over seeds{' ± the standard deviation' if len(seeds) > 1 else ''}; steps: mean steps on the source.\n")
+    print(md_table(["source", *args.arms, "lowest", *(f"steps, {a}" for a in args.arms)], rows,
+                   right=set(range(1, 1 + len(args.arms))) | set(range(2 + len(args.arms), 2 + 2 * len(args.arms)))))
     print()
-    total = results["ucb"].eval["all"]["bpb"], results["uniform"].eval["all"]["bpb"]
-    overall = "ucb" if total[0] < total[1] else "uniform" if total[1] < total[0] else "neither"
-    tied = f", tied on {wins['tie']}" if wins["tie"] else ""
-    print(f"Lower bits per byte: ucb on {wins['ucb']} of {len(names)} sources, uniform on {wins['uniform']}{tied}; "
-          f"overall, {overall}. One run per sampling, one seed.")
+    overall = {a: cell(a, "all")[0] for a in args.arms}
+    order = sorted(args.arms, key=overall.get)
+    print("Lowest bits per byte per source: " + ", ".join(f"{a} on {best[a]}" for a in args.arms) + f" of {len(names)}; "
+          f"overall, in order: {', '.join(f'{a} {overall[a]:.4f}' for a in order)}. "
+          + ("One seed per arm: a small difference may be noise." if len(seeds) == 1 else ""))
     return 0
 
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from andrea.curriculum import Curriculum, clamp_weights, plot_curriculum, reward_and_ema
+from andrea.curriculum import Curriculum, clamp_weights, plot_curriculum, progress_reward_and_ema, reward_and_ema
 from andrea.errors import AndreaError
 from andrea.trainconfig import TrainConfig, apply_overrides
 
@@ -253,7 +253,7 @@ def test_training_config_names_unknown_fields_and_bad_values(tmp_path):
     with pytest.raises(AndreaError, match="floors"):
         TrainConfig.from_dict({"sources": [{"name": "a", "floor": 0.7}, {"name": "b", "floor": 0.7}]})
     with pytest.raises(AndreaError, match="recipe"):
-        TrainConfig.from_dict({"recipe": "v3"})
+        TrainConfig.from_dict({"recipe": "v4"})
     with pytest.raises(AndreaError, match="batch_size"):
         TrainConfig.from_dict({"batch_size": 0})
     with pytest.raises(AndreaError, match="reroll"):
@@ -274,3 +274,77 @@ def test_flags_override_only_the_fields_they_give():
         apply_overrides(cfg, no_such_flag=1)
     with pytest.raises(AndreaError, match="batch_size"):
         apply_overrides(cfg, batch_size=-4)
+
+
+# ---------------------------------------------------------------- reward "progress"
+
+
+def test_progress_reward_matches_hand_computed_values():
+    cur = Curriculum(["a", "b"], C=2.0, reward="progress")
+    assert cur.update("a", 4.0) == 0.0 and cur.ema["a"] == 4.0
+    # (4.0 - 3.0) / 4.0 in percent; EMA 0.9 * 4.0 + 0.1 * 3.0 = 3.9
+    assert cur.update("a", 3.0) == pytest.approx(25.0) and cur.ema["a"] == pytest.approx(3.9)
+    # a worse loss is a negative reward: (3.9 - 4.29) / 3.9
+    assert cur.update("a", 4.29) == pytest.approx(-10.0) and cur.ema["a"] == pytest.approx(3.939)
+    # the recent mean: 0, then 0.95 * 0 + 0.05 * 25, then 0.95 * 1.25 + 0.05 * -10
+    assert cur.mean_rewards()["a"] == pytest.approx(0.95 * 1.25 - 0.5)
+    cur.update("b", 2.0)
+    assert cur.ucb_scores()["a"] == pytest.approx(0.6875 + 2.0 * math.sqrt(math.log(4) / 3))
+    assert progress_reward_and_ema(None, 7.0) == (0.0, 7.0)
+
+
+def test_progress_reward_does_not_depend_on_the_loss_scale():
+    """The same relative progress earns the same reward on a source whose loss is 3x another's;
+    ANDREA's reward pays the larger loss 3x."""
+    losses = [4.0, 3.8, 3.7, 3.65, 3.6]
+    for reward, same in (("progress", True), ("andrea", False)):
+        cur = Curriculum(["small", "large"], reward=reward)
+        for x in losses:
+            cur.update("small", x)
+            cur.update("large", 3 * x)
+        means = cur.mean_rewards()
+        assert (means["large"] == pytest.approx(means["small"])) is same, (reward, means)
+
+
+def test_progress_reward_does_not_pay_for_noise():
+    """A flat, noisy source: ANDREA's reward (max with 0) is paid on every lucky batch and grows
+    with the noise; the signed progress reward averages to about zero."""
+    noise = random.Random(5)
+    cur = {r: Curriculum(["noisy"], reward=r) for r in ("andrea", "progress")}
+    for _ in range(2000):
+        x = 3.0 + noise.gauss(0.0, 0.1)
+        for c in cur.values():
+            c.update("noisy", x)
+    andrea_mean = cur["andrea"]._reward_sum[0] / 2000
+    progress_sum = cur["progress"]._reward_sum[0] / 2000  # the all-time mean of the signed rewards
+    assert andrea_mean > 30  # about 1000 * E[max(0, noise)], paid for nothing learned
+    assert abs(progress_sum) < 0.1
+
+
+def test_progress_reward_favours_an_improving_source_and_forgets_early_drops():
+    noise = random.Random(0)
+    cur = Curriculum(["flat", "improving", "also-flat"], seed=1, reward="progress", C=0.5)
+    picked = run(cur, range(600), loss=lambda s, n: improving_loss(s, n, noise))
+    assert picked.count("improving") / len(picked) > 0.5
+    # once a source stops improving its recent mean falls back toward zero
+    cur2 = Curriculum(["a"], reward="progress")
+    for n in range(100):
+        cur2.update("a", 3.0 * 0.98 ** n)
+    high = cur2.mean_rewards()["a"]
+    for _ in range(200):
+        cur2.update("a", 3.0 * 0.98 ** 99)
+    assert high > 1.0 and cur2.mean_rewards()["a"] < 0.1 * high
+
+
+def test_progress_state_resumes_and_mismatched_reward_is_refused():
+    kwargs = dict(seed=4, reward="progress", reroll=(2, 5))
+    a = Curriculum(["x", "improving", "y"], **kwargs)
+    run(a, range(40))
+    b = Curriculum(["x", "improving", "y"], **kwargs)
+    b.load_state_dict(json.loads(json.dumps(a.state_dict())))
+    assert run(a, range(40, 120)) == run(b, range(40, 120))
+    with pytest.raises(AndreaError, match="reward"):
+        Curriculum(["x", "improving", "y"], seed=4).load_state_dict(a.state_dict())
+    with pytest.raises(AndreaError, match="reward must be one of"):
+        Curriculum(["x"], reward="greedy")
+    assert TrainConfig(curriculum={"reward": "progress"}).curriculum_kwargs()["reward"] == "progress"

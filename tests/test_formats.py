@@ -579,3 +579,34 @@ def test_fuzz_any_file_through_detection(tmp_path_factory, data):
     path.write_bytes(data)
     with pytest.raises(AndreaError):
         read_model(path, config=tiny_config())
+
+
+def test_v3_bin_keeps_adamw_moments_and_zeros_for_muon_matrices(tmp_path, capsys):
+    """A v3 checkpoint's .bin: AdamW's moments of the tables, head and norms as they are; zeros
+    for the Muon-trained block matrices (a note says so); read back for v3, the AdamW parameters
+    get their moments again and the Muon matrices no state (momentum from zero)."""
+    from andrea.formats import muon_trained
+
+    src = trained_checkpoint(tmp_path / "a.safetensors", "v3")
+    a = load_checkpoint(src)
+    muon = muon_trained(a.config, a.optim_state)
+    assert muon and all(".attn." in n or ".mlp." in n for n in muon)
+    fmt, notes = convert(src, tmp_path / "a.bin", "bin")
+    assert any("Muon" in n and "zeros" in n for n in notes)
+    ma = adam_moments(a.config, a.optim_state)
+    assert all(not ma[n][0].any() and not ma[n][1].any() for n in muon)
+    assert ma["wte.weight"][1].abs().sum() > 0 and ma["lm_head.weight"][0].abs().sum() > 0
+    tokenizer().save(tmp_path / "tok")
+    convert(tmp_path / "a.bin", tmp_path / "b.safetensors", "native", config=tiny_config(),
+            segments=tmp_path / "tok" / "harris_segments.json", recipe="v3")
+    b = load_checkpoint(tmp_path / "b.safetensors")
+    assert_same_weights(a.model_state, b.model_state)
+    mb = adam_moments(b.config, b.optim_state)
+    for name in ma:
+        assert torch.equal(ma[name][0], mb[name][0]) and torch.equal(ma[name][1], mb[name][1]), name
+    assert muon_trained(b.config, b.optim_state) == []
+    # and the trainer's v3 optimizer loads it
+    model = ANDREA(b.config)
+    opt = make_optimizer(model, "v3")
+    opt.load_state_dict(b.optim_state)
+    assert len(opt.state) == sum(1 for n, _ in model.named_parameters() if n not in muon)

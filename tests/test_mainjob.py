@@ -24,3 +24,14 @@ def test_main_job_runs_end_to_end(tmp_path, capsys):
     assert f"validation bits per byte: {summary['val_bpb']:.4f}" in printed
     assert "checkpoint:" in printed and (out / "latest.safetensors").exists()
     assert len(summary["samples"]) == 3
+
+
+def test_repeated_ngram_share_counts_4grams_seen_before():
+    from andrea.pipeline import repeated_ngram_share
+
+    assert repeated_ngram_share("a b c d e f g") == 0.0
+    assert repeated_ngram_share("a b c") == 0.0  # no 4-gram at all
+    # "of the United States" three times: 12 words, 9 4-grams; the first 4 are new, the last 5 repeats
+    loop = "of the United States of the United States of the United States"
+    assert repeated_ngram_share(loop) == pytest.approx(5 / 9)
+    assert repeated_ngram_share("x y z w x y z w") == pytest.approx(1 / 5)

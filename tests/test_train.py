@@ -118,24 +118,54 @@ def test_loss_goes_down_and_checkpoints_appear(data_dir, tmp_path):
     assert (tmp_path / "r" / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_best_checkpoint_holds_the_weights_of_the_lowest_smoothed_loss(data_dir, tmp_path):
-    """best.safetensors is the checkpoint, among those written, whose smoothed loss was lowest: its
+def test_best_checkpoint_holds_the_weights_of_the_lowest_validation_loss(data_dir, tmp_path):
+    """best.safetensors is the checkpoint of the evaluation whose validation loss was lowest: its
     step is that one, and its weights are exactly those of a run stopped at that step (recipe v1:
-    a constant learning rate, so a shorter run takes the same steps)."""
+    a constant learning rate, so a shorter run takes the same steps). The lowest smoothed training
+    loss falls on another step here, so the test tells the two rules apart."""
     cfg = tiny_config(data_dir)
-    o = dict(recipe="v1", max_steps=12, lr=3e-2, eval_every=100, checkpoint_every=1, smma_window=2)
+    o = dict(recipe="v1", max_steps=10, lr=0.15, eval_every=1, checkpoint_every=100, smma_window=2)
     train(cfg, opts(**o), data_dir, tmp_path / "r", log=quiet, progress=False)
     rows = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    val = {r["step"]: r["eval"]["all"]["loss"] for r in rows if "eval" in r}
     smma = {r["step"]: r["smma"] for r in rows if "smma" in r}
-    best_step = min(smma, key=smma.get)
-    assert best_step < 12, "this lr must make the loss rise again, or the test proves nothing"
+    best_step = min(val, key=val.get)
+    assert sorted(val) == list(range(1, 11))
+    assert best_step < 10, "this lr must make the loss rise again, or the test proves nothing"
+    assert min(smma, key=smma.get) != best_step, "the smoothed loss must pick another step, or the test proves nothing"
     best = load_checkpoint(tmp_path / "r" / "best.safetensors")
-    assert best.step == best_step and best.meta["best_smma"] == smma[best_step]
+    assert best.step == best_step and best.meta["best_val_loss"] == val[best_step]
     train(cfg, opts(**{**o, "max_steps": best_step}), data_dir, tmp_path / "s", log=quiet, progress=False)
     again = load_checkpoint(tmp_path / "s" / "latest.safetensors").model_state
     assert all(torch.equal(best.model_state[k], again[k]) for k in again)
     latest = load_checkpoint(tmp_path / "r" / "latest.safetensors").model_state
     assert not all(torch.equal(best.model_state[k], latest[k]) for k in latest)
+
+
+def test_v3_learns_and_resumes_exactly(data_dir, tmp_path):
+    """Recipe v3 (Muon + AdamW under one state dict): the loss falls, and a run interrupted at
+    step 6 and resumed from its checkpoint continues bit for bit, weights and optimizer state."""
+    cfg = tiny_config(data_dir)
+    o = dict(recipe="v3", max_steps=12, lr=1e-2, warmup_steps=2, decay_fraction=0.5)
+    train(cfg, opts(**o), data_dir, tmp_path / "a", log=quiet, progress=False)
+    a = step_losses(tmp_path / "a")
+    assert sum(a[s] for s in (10, 11, 12)) < sum(a[s] for s in (1, 2, 3)) - 0.3, a
+    train(cfg, opts(**o), data_dir, tmp_path / "b", log=quiet, progress=False, on_step=lambda step, loss: step == 6)
+    train(cfg, opts(**o), data_dir, tmp_path / "b", resume=True, log=quiet, progress=False)
+    b = step_losses(tmp_path / "b")
+    assert a == b
+    ca, cb = load_checkpoint(tmp_path / "a" / "latest.safetensors"), load_checkpoint(tmp_path / "b" / "latest.safetensors")
+    assert all(torch.equal(ca.model_state[k], cb.model_state[k]) for k in ca.model_state)
+    assert ca.optim_state["state"].keys() == cb.optim_state["state"].keys()
+    kinds = set()
+    for idx, per in ca.optim_state["state"].items():
+        kinds.update(per)
+        assert all(torch.equal(per[k], cb.optim_state["state"][idx][k]) for k in per)
+    assert {"momentum_buffer", "exp_avg", "exp_avg_sq"} <= kinds  # both optimizers' state is in the file
+    # the lr of the Muon group and of the AdamW groups followed the same schedule (muon_lr unset)
+    rows = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    lrs = [r["lr"] for r in rows if "lr" in r]
+    assert lrs[0] == pytest.approx(0.5e-2) and lrs[-1] == pytest.approx(1e-2 * (1 / 12) / 0.5)
 
 
 def test_bits_per_byte_is_loss_over_bytes(data_dir, tmp_path):
@@ -345,14 +375,14 @@ def torchrun_available() -> bool:
 
 
 @pytest.mark.skipif(not torchrun_available(), reason="torchrun is not installed beside this Python")
-@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
-def test_two_processes_match_one(data_dir, tmp_path, mode):
+@pytest.mark.parametrize("mode,recipe", [("ddp", "v2"), ("fsdp", "v2"), ("ddp", "v3"), ("fsdp", "v3")])
+def test_two_processes_match_one(data_dir, tmp_path, mode, recipe):
     """Two processes (gloo) with the same global batch give the same loss curve as one process."""
     cfg = tiny_config(data_dir)
     cfg.save(tmp_path / "model.json")
     common = ["train", "--data", str(data_dir), "--model-config", str(tmp_path / "model.json"), "--max-steps", "6",
               "--batch-size", "4", "--micro-batch", "2", "--seq-len", "32", "--eval-every", "100", "--no-progress",
-              "--warmup-steps", "2"]
+              "--warmup-steps", "2", "--recipe", recipe]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     one = subprocess.run(cli_cmd(*common, "--out", str(tmp_path / "one")), capture_output=True, env=env)
     assert one.returncode == 0, one.stderr.decode()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from andrea.optim import RECIPES
+
 SUFFIXES = {".bin": "bin", ".json": "json", ".safetensors": "native"}
 NAMES = {"native": "andrea checkpoint", "bin": "ANDREA .bin", "json": "ANDREA JSON model", "hf": "Hugging Face GPT-2 folder"}
 
@@ -48,7 +50,8 @@ def register(sub) -> None:
     p.add_argument("--orientation", choices=["auto", "out-in", "in-out"], default="auto",
                    help="how a .bin stores its matrices: [out][in] as ours, [in][out], or auto (default): the layout "
                         "in which the model predicts a probe text best")
-    p.add_argument("--recipe", choices=["v1", "v2"], default="v1",
+    p.add_argument("--recipe", choices=list(RECIPES), default="v1",
                    help="the optimizer a .bin's Adam moments go into when converted to an andrea checkpoint: v1 "
-                        "Adam (default, as ANDREA trained) or v2 AdamW")
+                        "Adam (default, as ANDREA trained), v2 AdamW, or v3 (AdamW for the tables, head and norms; "
+                        "the blocks' Muon-trained matrices start with zero momentum)")
     p.set_defaults(func=cmd_convert)

@@ -7,7 +7,8 @@ from __future__ import annotations
 def cmd_main(args) -> int:
     from andrea.pipeline import MainJob, run_main_job
 
-    job = MainJob(preset=args.preset, minutes=args.minutes, out=args.out, sampling=args.sampling, seed=args.seed)
+    job = MainJob(preset=args.preset, minutes=args.minutes, out=args.out, sampling=args.sampling, seed=args.seed,
+                  recipe=args.recipe)
     summary = run_main_job(job)
     print()
     print(f"validation bits per byte: {summary['val_bpb']:.4f}  ("
@@ -15,15 +16,21 @@ def cmd_main(args) -> int:
     mfu = f", MFU {100 * summary['mfu']:.1f}%" if summary["mfu"] is not None else ""
     print(f"trained {summary['steps']:,} steps in {summary['train_seconds'] / 60:.1f} min at "
           f"{summary['tokens_per_s']:,.0f} tokens/s{mfu}")
-    print("samples:")
+    print(f"samples from {summary['best_checkpoint']} (step {summary['best_step']:,}, the lowest validation loss: "
+          f"{summary['best_val_bpb']:.4f} bits per byte); repeated 4-grams: the share of the text's word 4-grams "
+          f"already seen earlier in it")
     for s in summary["samples"]:
-        print("  " + s.replace("\n", "\n  "))
+        for kind in ("greedy", "sampled"):
+            label = "greedy" if kind == "greedy" else "sampled (temperature 0.8, top-k 40)"
+            text = (s["prompt"] + s[kind]).replace("\n", "\n    ")
+            print(f"  {label}, repeated 4-grams {100 * s[kind + '_repeated_4grams']:.0f}%:\n    {text}")
     print(f"checkpoint: {summary['checkpoint']}")
-    print(f"try: andrea generate --checkpoint {summary['checkpoint']} --prompt 'The'")
+    print(f"try: andrea generate --checkpoint {summary['best_checkpoint']} --prompt 'The'")
     return 0
 
 
 def register(sub) -> None:
+    from andrea.pipeline import MAIN_RECIPE, RECIPE_SETTINGS
     from andrea.trainconfig import SAMPLING
 
     p = sub.add_parser("main", help="the main job: fetch the corpus, fit the tokenizer, train a CPU model, sample",
@@ -37,4 +44,6 @@ def register(sub) -> None:
     p.add_argument("--sampling", default="ucb", choices=SAMPLING,
                    help="how each step's source is chosen (default: the UCB1 curriculum)")
     p.add_argument("--seed", type=int, default=1337, help="seed of everything random (default 1337)")
+    p.add_argument("--recipe", default=MAIN_RECIPE, choices=list(RECIPE_SETTINGS),
+                   help=f"the training recipe, with the settings measured for it (default {MAIN_RECIPE})")
     p.set_defaults(func=cmd_main)

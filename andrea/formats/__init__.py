@@ -98,7 +98,10 @@ def _optimizer_order(cfg: ModelConfig, groups: list) -> list[str]:
 
 
 def adam_moments(cfg: ModelConfig, optim_state: dict | None) -> dict[str, tuple[torch.Tensor, torch.Tensor]] | None:
-    """{name: (exp_avg, exp_avg_sq)} of an Adam/AdamW state dict; None when there is no state."""
+    """{name: (exp_avg, exp_avg_sq)} of an Adam/AdamW state dict; None when there is no state.
+
+    A parameter trained by Muon (recipe v3's block matrices) has a momentum but no Adam moments:
+    it gets zeros for both (`muon_trained` names those parameters, so a writer can say so)."""
     if not optim_state or not optim_state.get("state"):
         return None
     shapes = param_shapes(cfg)
@@ -114,6 +117,10 @@ def adam_moments(cfg: ModelConfig, optim_state: dict | None) -> dict[str, tuple[
             zero = torch.zeros(shapes[name])
             out[name] = (zero, zero.clone())
             continue
+        if "momentum_buffer" in per and "exp_avg" not in per:
+            zero = torch.zeros(shapes[name])
+            out[name] = (zero, zero.clone())
+            continue
         if "exp_avg" not in per or "exp_avg_sq" not in per:
             raise AndreaError(f"the optimizer state of {name} has no exp_avg and exp_avg_sq; only Adam's moments fit a .bin.")
         m, v = per["exp_avg"], per["exp_avg_sq"]
@@ -123,19 +130,36 @@ def adam_moments(cfg: ModelConfig, optim_state: dict | None) -> dict[str, tuple[
     return out
 
 
+def muon_trained(cfg: ModelConfig, optim_state: dict | None) -> list[str]:
+    """The parameters whose state is Muon's momentum rather than Adam's moments."""
+    if not optim_state or not optim_state.get("state"):
+        return []
+    order = _optimizer_order(cfg, optim_state["param_groups"])
+    ids = [i for g in optim_state["param_groups"] for i in g["params"]]
+    state = optim_state["state"]
+    return [name for idx, name in zip(ids, order) if "momentum_buffer" in state.get(idx, state.get(str(idx), {}))]
+
+
 def adam_state(cfg: ModelConfig, step: int, moments: dict, recipe: str) -> dict:
-    """An optimizer state dict that the trainer's optimizer for `recipe` loads on resume."""
+    """An optimizer state dict that the trainer's optimizer for `recipe` loads on resume. Under
+    v3 the Muon-trained matrices get no state: their momentum starts from zero, as in a new run."""
     from andrea.optim import check_recipe, make_optimizer
 
     check_recipe(recipe)
     groups = make_optimizer(_meta_model(cfg), recipe, device="meta").state_dict()["param_groups"]
-    order = _optimizer_order(cfg, groups)
-    ids = [i for g in groups for i in g["params"]]
+    ids = [i for g in groups for i in g["params"] if "momentum" not in g]  # Muon's groups have a momentum
+    names = [n for g, ours in zip(groups, _groups_names(cfg, recipe)) for n in ours if "momentum" not in g]
     state = {}
-    for idx, name in zip(ids, order):
+    for idx, name in zip(ids, names):
         m, v = moments[name]
         state[idx] = {"step": torch.tensor(float(step), dtype=torch.float32), "exp_avg": m, "exp_avg_sq": v}
     return {"state": state, "param_groups": groups}
+
+
+def _groups_names(cfg: ModelConfig, recipe: str) -> list[list[str]]:
+    from andrea.optim import param_groups
+
+    return [g["names"] for g in param_groups(_meta_model(cfg), recipe)]
 
 
 def resume_meta(step: int, recipe: str) -> dict:

@@ -21,7 +21,9 @@ Releases need not follow our layout to the letter; reading one finds where it di
                layout is assumed and the notes say so.
 Converting to the native form fills what a .bin lacks for `andrea train --resume` with defaults:
 the optimizer groups of the chosen recipe, a fresh smoothed loss and the data order of the
-default seed from its start.
+default seed from its start. Recipe v3 trains the blocks' matrices with Muon, whose momentum is
+not an Adam moment: a .bin written from a v3 checkpoint holds zeros for their m and v (and says
+so), and a .bin read for v3 starts their momentum from zero.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from andrea.formats import (
     checked_tokenizer,
     is_norm,
     is_table,
+    muon_trained,
     param_shapes,
     read_segments,
     resume_meta,
@@ -287,6 +290,10 @@ def write_bin(path, ckpt: Checkpoint) -> list[str]:
         raise AndreaError(f"step {step} does not fit a .bin's int32 header.")
     notes = []
     moments = adam_moments(cfg, ckpt.optim_state)
+    muon = muon_trained(cfg, ckpt.optim_state)
+    if muon:
+        notes.append(f"{len(muon)} matrices were trained with Muon (recipe v3), which keeps a momentum but no Adam "
+                     f"moments: their m and v are written as zeros; the other parameters' Adam moments are kept.")
     if moments is None:
         notes.append("the checkpoint holds no optimizer state, so Adam m and v are written as zeros.")
         moments = {name: (torch.zeros_like(t), torch.zeros_like(t)) for name, t in state.items()}
