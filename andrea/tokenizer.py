@@ -33,9 +33,11 @@ Training, in full (HarrisTokenizer.train):
     4. Candidates: each piece between two boundaries of a word (the first piece keeps the word's
        leading space), whole words included, counted over the corpus. A candidate is two bytes or
        more (one byte is already a token) and occurs at least `min_count` times.
-    5. Keep the N candidates that save the most tokens. Start from the 2N with the most bytes to
+    5. Keep the N candidates that save the most tokens. Start from the 8N with the most bytes to
        save (count x (bytes - 1)); then, until N remain, encode the corpus's words with the
-       current set and drop the quarter whose removal would cost the fewest extra tokens.
+       current set and drop the quarter whose removal would cost the fewest extra tokens, where
+       a piece that a chosen segment would be spelled with in its absence counts half of that
+       segment's uses (select_segments).
     Frequent whole words (" the", " government") survive because word starts and ends are
     boundaries; rarer words are spelled from the pieces between successor-variety peaks
     (" hope" + "less" + "ness", " pre" + "ord" + "ain" + "ed" with the default corpus). The
@@ -274,66 +276,109 @@ def candidate_counts(word_counts, stats: SuccessorVariety) -> Counter:
     return cands
 
 
-def _greedy(word: str, segs, max_len: int):
-    """The pieces the encoding rule cuts `word` into: segments, or single characters (bytes)."""
-    i, n = 0, len(word)
+def _parse(word: str, table: dict) -> list[str]:
+    """The pieces the encoding rule cuts `word` into, with `table` mapping every prefix of every
+    segment to whether it is itself a segment: at each position the longest segment that starts
+    there (found by extending the match while it is a prefix), else one character."""
+    pieces, i, n = [], 0, len(word)
+    get = table.get
     while i < n:
-        for j in range(min(n, i + max_len), i + 1, -1):
-            if word[i:j] in segs:
-                yield word[i:j]
-                i = j
+        end, j = i + 1, i + 1
+        while j <= n:
+            t = get(word[i:j])
+            if t is None:
                 break
-        else:
-            yield word[i]
-            i += 1
+            if t:
+                end = j
+            j += 1
+        pieces.append(word[i:end])
+        i = end
+    return pieces
 
 
-def _cost(word: str, segs, max_len: int) -> int:
-    """Tokens the encoding rule spends on `word`."""
-    return sum(1 if p in segs else len(_utf8(p)) for p in _greedy(word, segs, max_len))
+def _prefix_table(segs) -> dict:
+    """Every prefix of every segment -> whether it is a segment (see _parse)."""
+    table = {s[:j]: False for s in segs for j in range(1, len(s))}
+    table.update(dict.fromkeys(segs, True))
+    return table
 
 
-def _usage(word_counts, segs) -> Counter:
-    """How often each segment is used when the corpus's words are encoded with segs."""
-    max_len = max(map(len, segs))
-    use = Counter()
-    for w, k in word_counts.items():
-        if w in segs:  # most of the corpus: a word that is one segment
-            use[w] += k
-        else:
-            for p in _greedy(w, segs, max_len):
-                use[p] += k
-    return use
+def _cost(word: str, table: dict) -> int:
+    """Tokens the encoding rule spends on `word`: a segment is one, a character its UTF-8 bytes."""
+    return sum(1 if table.get(p) else len(_utf8(p)) for p in _parse(word, table))
 
 
-def select_segments(cands: Counter, word_counts, n: int, start: float = 2.0, keep: float = 0.75,
-                    progress=False) -> list[str]:
+def select_segments(cands: Counter, word_counts, n: int, start: float = 8.0, keep: float = 0.75,
+                    potential: float = 0.5, progress=False) -> list[str]:
     """The n candidates that save the most tokens on the corpus's words, most used first.
 
     Start from the start*n candidates with the most bytes to save (count x (bytes - 1)), then
     prune: encode the corpus's words with the current set, score each segment by the tokens the
-    corpus would spend without it (its uses x (tokens of its text without it - 1)) and keep the
-    best `keep` share, until n remain. A candidate that longer segments always pre-empt is never
-    used and goes first; scores are exact for one removal at a time, hence the gentle steps.
+    corpus would spend without it, and keep the best `keep` share, until n remain. The score of
+    segment s is (uses of s + potential x standby uses of s) x (tokens of the text of s without
+    s - 1). Its standby uses are the uses of the chosen segments whose text, without them, would
+    be spelled with s: while " walking" pre-empts " walk" + "ing", those two stand by for it, so
+    they are not pruned as useless before the whole words that need them are weighed. Scores
+    are exact for one removal at a time, hence the gentle steps; a candidate that is neither used
+    nor standing by goes at once (as long as n remain). Removing segments changes only the
+    encodings that used them (the longest match elsewhere is still the longest), so after each
+    step only those words are encoded again.
     """
     from tqdm import tqdm
 
     saving = {s: k * (len(_utf8(s)) - 1) for s, k in cands.items()}
     chosen = set(sorted(saving, key=lambda s: (-saving[s], s))[: max(n, int(start * n))])
+    table = _prefix_table(chosen)
+    parse: dict[str, list[str]] = {}
+    users: dict[str, set] = {}  # segment -> the words whose encoding uses it
+    use = Counter()
+
+    def encode_words(words):
+        for w in words:
+            k = word_counts[w]
+            for p in parse.get(w, ()):
+                use[p] -= k
+                users[p].discard(w)
+            parse[w] = pieces = _parse(w, table)
+            for p in pieces:
+                use[p] += k
+                users.setdefault(p, set()).add(w)
+
+    encode_words(word_counts)
+    spelled: dict[str, tuple[int, list[str]]] = {}  # segment -> tokens and pieces of its text without it
     bar = tqdm(total=len(chosen) - n, desc="pruning segments", disable=not progress)
-    while True:
-        use = _usage(word_counts, chosen)
-        if len(chosen) == n:
-            break
-        max_len = max(map(len, chosen))
+    while len(chosen) > n:
         loss = {}
+        pot = Counter()
         for s in chosen:
-            chosen.discard(s)
-            loss[s] = use[s] * (_cost(s, chosen, max_len) - 1)
-            chosen.add(s)
+            if use[s] > 0:
+                if s not in spelled:
+                    table[s] = False
+                    spelled[s] = (_cost(s, table), _parse(s, table))
+                    table[s] = True
+                for p in spelled[s][1]:
+                    if table.get(p):
+                        pot[p] += use[s]
+        for s in chosen:
+            if use[s] > 0 or pot[s] > 0:
+                if s not in spelled:
+                    table[s] = False
+                    spelled[s] = (_cost(s, table), _parse(s, table))
+                    table[s] = True
+                loss[s] = (use[s] + potential * pot[s]) * (spelled[s][0] - 1)
         size = max(n, int(len(chosen) * keep))
-        bar.update(len(chosen) - size)
-        chosen = set(sorted(chosen, key=lambda s: (-loss[s], s))[:size])
+        ranked = sorted(chosen, key=lambda s: (-loss.get(s, 0), s))
+        unused = sum(1 for s in ranked[n:] if s not in loss)  # at the end, as their loss is 0
+        dropped = set(ranked[min(size, len(ranked) - unused):])
+        chosen.difference_update(dropped)
+        affected = set()
+        for s in dropped:
+            table[s] = False
+            affected.update(users.get(s, ()))
+        encode_words(affected)
+        for s in [s for s, (_, pieces) in spelled.items() if s in dropped or not dropped.isdisjoint(pieces)]:
+            del spelled[s]
+        bar.update(len(dropped))
     bar.close()
     # ids in order of use, most used first (ties by text), so the list reads like a frequency list
     return sorted(chosen, key=lambda s: (-use[s], s))
@@ -383,7 +428,10 @@ class HarrisTokenizer:
         self._stats = None
         self._ids = {s: FIRST_SEGMENT + i for i, s in enumerate(self.segments)}
         self._bytes = [bytes([b]) for b in range(256)] + [b""] + [_utf8(s) for s in self.segments]
-        self._max_len = max(map(len, self.segments), default=1)
+        # every prefix of every segment -> the segment's id when the prefix is one, else -1: the
+        # longest match at a position is found by extending it while the text is such a prefix
+        self._prefixes = {s[:j]: -1 for s in self.segments for j in range(1, len(s))}
+        self._prefixes.update(self._ids)
         self._cache = _WordCache(self._encode_word)
 
     # ---- sizes and labels
@@ -424,17 +472,21 @@ class HarrisTokenizer:
 
     def _encode_word(self, word: str) -> tuple[int, ...]:
         ids = []
-        get, i, n = self._ids.get, 0, len(word)
+        get, i, n = self._prefixes.get, 0, len(word)
         while i < n:
-            for j in range(min(n, i + self._max_len), i, -1):
+            best, end, j = -1, i + 1, i + 1
+            while j <= n:
                 t = get(word[i:j])
-                if t is not None:
-                    ids.append(t)
-                    i = j
+                if t is None:
                     break
+                if t >= 0:
+                    best, end = t, j
+                j += 1
+            if best >= 0:
+                ids.append(best)
             else:
                 ids.extend(_utf8(word[i]))
-                i += 1
+            i = end
         return tuple(ids)
 
     def encode(self, text: str, bos: bool = True) -> list[int]:

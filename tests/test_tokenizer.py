@@ -274,6 +274,44 @@ def test_trained_segments_are_harris_pieces(tok, text):
     assert {"un", "re", "pre", "dis", "over"} | set(STEMS) <= starts
 
 
+def test_morphemes_are_found_where_whole_words_would_pre_empt_them():
+    """16 words, each stem x suffix, each 5 times; 8 segments. Each word costs at least 2 tokens
+    unless it is a segment itself, and j whole words leave 8 - j segments, whose stems x suffixes
+    cover at most ((8 - j) / 2)^2 of the other words in 2 tokens: so the 4 stems (with their
+    space) and the 4 suffixes, 2 tokens a word, are the one best choice (j >= 1 costs more)."""
+    stems, suffixes = ["walk", "jump", "play", "call"], ["ing", "ful", "ed", "er"]
+    words = [" " + a + b for a in stems for b in suffixes]
+    text = "".join(words * 5)
+    tok = HarrisTokenizer.train(text, 8)
+    assert sorted(tok.segments) == sorted([" " + a for a in stems] + suffixes)
+    assert len(tok.encode(text, bos=False)) == 2 * len(words) * 5
+    assert tok.decode(tok.encode(" walking", bos=False)) == " walking"
+    assert [tok.id_to_piece(i) for i in tok.encode(" walking", bos=False)] == [" walk", "ing"]
+    assert tok.stats.boundaries("walking") == [4]  # the cut inspect shows
+
+
+def test_the_best_segment_set_is_found_as_exhaustive_search_finds_it():
+    """Words of 4 stems x 4 suffixes with uneven counts: every choice of n candidates is tried,
+    and training reaches the fewest tokens any of them spends."""
+    from itertools import combinations
+
+    rng = random.Random(3)
+    counts = {" " + a + b: rng.choice([1, 2, 3, 5, 8]) for a in ["walk", "jump", "play", "call"]
+              for b in ["ing", "ful", "ed", "s"]}
+    text = "".join(w * k for w, k in counts.items())
+    word_counts = harris.count_words([text])
+    cands = [s for s, k in harris.candidate_counts(word_counts, SuccessorVariety(harris.letter_word_counts(word_counts))).items()
+             if k >= 2 and len(s.encode()) > 1]
+
+    def tokens(segments):
+        t = HarrisTokenizer(list(segments))
+        return sum(len(t.encode(w, bos=False)) * k for w, k in counts.items())
+
+    for n in (3, 5):
+        best = min(tokens(c) for c in combinations(sorted(cands), n))
+        assert tokens(HarrisTokenizer.train(text, n).segments) == best, n
+
+
 def test_training_is_deterministic(tok, text):
     again = HarrisTokenizer.train(text, N_SMALL)  # one string is one document
     assert again.segments == tok.segments and again.fingerprint() == tok.fingerprint()
