@@ -104,6 +104,27 @@ def _has_surrogate(s: str) -> bool:
         return True
 
 
+def label_bytes(b: bytes) -> str:
+    """Bytes as a readable label: each printable character as itself (a space too), every other
+    byte, a control character's or one that is not whole UTF-8 on its own, as <0xNN>."""
+    out, i, n = [], 0, len(b)
+    while i < n:
+        lead = b[i]
+        size = 1 if lead < 0x80 else 2 if 0xC2 <= lead < 0xE0 else 3 if 0xE0 <= lead < 0xF0 else 4 if 0xF0 <= lead < 0xF5 else 0
+        if size:
+            try:
+                ch = b[i : i + size].decode("utf-8")
+            except UnicodeDecodeError:
+                ch = ""
+            if len(ch) == 1 and ch.isprintable():
+                out.append(ch)
+                i += size
+                continue
+        out.append(f"<0x{lead:02X}>")
+        i += 1
+    return "".join(out)
+
+
 # ---------------------------------------------------------------- successor variety
 
 
@@ -456,13 +477,12 @@ class HarrisTokenizer:
         return self._bytes[self._check_id(i)]
 
     def id_to_piece(self, i) -> str:
-        """A readable label: the segment itself, <0xNN> for a byte, <BOS>."""
+        """A readable label (label_bytes): a byte or segment as its printable characters, with
+        <0xNN> for each byte that is not one; <BOS> for BOS."""
         i = self._check_id(i)
-        if i < 256:
-            return f"<0x{i:02X}>"
         if i == BOS:
             return "<BOS>"
-        return self.segments[i - FIRST_SEGMENT]
+        return label_bytes(self._bytes[i])
 
     def fingerprint(self) -> str:
         """sha256 of the segment list: equal fingerprints, equal encodings."""

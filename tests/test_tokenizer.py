@@ -89,9 +89,9 @@ def test_vocabulary_layout(tok):
     assert tok.BOS == HarrisTokenizer.BOS == 256
     assert tok.n_segments == len(tok.segments) == N_SMALL
     assert tok.vocab_size == N_SMALL + 257
-    for b in (0, 65, 255):
+    for b, piece in ((0, "<0x00>"), (10, "<0x0A>"), (32, " "), (65, "A"), (126, "~"), (127, "<0x7F>"), (0xC3, "<0xC3>"), (255, "<0xFF>")):
         assert tok.token_bytes(b) == bytes([b])
-        assert tok.id_to_piece(b) == f"<0x{b:02X}>"
+        assert tok.id_to_piece(b) == piece
     assert tok.token_bytes(256) == b"" and tok.id_to_piece(256) == "<BOS>"
     for k in (0, 1, N_SMALL - 1):
         assert tok.token_bytes(257 + k) == tok.segments[k].encode()
@@ -105,6 +105,17 @@ def test_segments_are_distinct_multibyte_and_most_used_first(tok, text):
     use = Counter(i for i in tok.encode(text, bos=False) if i > 256)
     counts = [use[257 + k] for k in range(tok.n_segments)]
     assert counts == sorted(counts, reverse=True)
+
+
+def test_labels_show_printable_characters_and_escape_the_rest():
+    label = harris.label_bytes
+    assert label(b" walk") == " walk" and label("né".encode()) == "né" and label("日本".encode()) == "日本"
+    assert label(b"\n    ") == "<0x0A>    " and label(b"a\tb\x00") == "a<0x09>b<0x00>"
+    assert label("é".encode()[:1]) == "<0xC3>" and label(b"\xff\xfe") == "<0xFF><0xFE>"
+    assert label("\ud800".encode("utf-8", "surrogatepass")) == "<0xED><0xA0><0x80>"
+    assert label("\u200b".encode()) == "<0xE2><0x80><0x8B>"  # a zero-width space is not printable
+    tok = HarrisTokenizer(["\n\n", " the"])
+    assert [tok.id_to_piece(i) for i in tok.encode("\n\n the!", bos=False)] == ["<0x0A><0x0A>", " the", "!"]
 
 
 def test_fingerprint_is_sha256_of_the_segment_list():
