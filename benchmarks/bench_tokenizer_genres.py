@@ -10,7 +10,7 @@ For every genre and vocabulary size both tokenizers are fitted on the same train
 text (the Harris tokenizer loaded fresh from disk, so its word cache starts empty). Timings are the
 best of --repeat runs, as the machine may be shared. Prints markdown tables.
 
-    python benchmarks/bench_tokenizer_genres.py [--genres default gcide ...] [--vocab 2305 8449] [--repeat 1]
+    python benchmarks/bench_tokenizer_genres.py [--genres default gcide ...] [--vocab 2305 8449] [--repeat 2]
 """
 
 from __future__ import annotations
@@ -35,14 +35,16 @@ GENRES = {
 TARGETS = {"bytes/token": 0.95, "encode": 3.0, "training": 2.0}
 
 
-def best_time(fn, repeat):
-    """(fastest wall time, the result of the last run)."""
-    best, out = float("inf"), None
+def best_times(fns, repeat):
+    """[(fastest wall time, the result of the last run)] of each fn, run in turn `repeat` times
+    (interleaved, so a change in the machine's load falls on both sides)."""
+    best, out = [float("inf")] * len(fns), [None] * len(fns)
     for _ in range(repeat):
-        t = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - t)
-    return best, out
+        for k, fn in enumerate(fns):
+            t = time.perf_counter()
+            out[k] = fn()
+            best[k] = min(best[k], time.perf_counter() - t)
+    return list(zip(best, out))
 
 
 def spread(docs: list[str], limit: int) -> list[str]:
@@ -79,13 +81,13 @@ def fit_bpe(texts, vocab):
 def measure(train, val, vocab, repeat):
     from andrea.tokenizer import FIRST_SEGMENT, HarrisTokenizer
 
-    t_h, harris = best_time(lambda: HarrisTokenizer.train(train, vocab - FIRST_SEGMENT), repeat)
-    t_b, bpe = best_time(lambda: fit_bpe(train, vocab), repeat)
+    (t_h, harris), (t_b, bpe) = best_times([lambda: HarrisTokenizer.train(train, vocab - FIRST_SEGMENT),
+                                            lambda: fit_bpe(train, vocab)], repeat)
     assert bpe.get_vocab_size() == harris.vocab_size == vocab
     with tempfile.TemporaryDirectory() as tmp:
         harris.save(tmp)
-        e_h, ids = best_time(lambda: HarrisTokenizer.load(tmp).encode_batch(train, bos=False), repeat)
-    e_b, enc = best_time(lambda: bpe.encode_batch(train), repeat)
+        (e_h, ids), (e_b, enc) = best_times([lambda: HarrisTokenizer.load(tmp).encode_batch(train, bos=False),
+                                             lambda: bpe.encode_batch(train)], repeat)
     for i in range(0, len(train), max(1, len(train) // 20)):  # both round-trip
         assert harris.decode(ids[i]) == train[i] and bpe.decode(enc[i].ids) == train[i]
     val_bytes = sum(len(d.encode("utf-8", "surrogatepass")) for d in val)
@@ -106,7 +108,7 @@ def main(argv=None) -> int:
     ap.add_argument("--vocab", nargs="+", type=int, default=[2305, 8449], help="vocabulary sizes (default 2305 8449)")
     ap.add_argument("--train-mb", type=float, default=4.0, help="training text per genre, MB (default 4)")
     ap.add_argument("--val-mb", type=float, default=0.4, help="held-out text per genre, MB (default 0.4)")
-    ap.add_argument("--repeat", type=int, default=1, help="timing runs, the best is kept (default 1)")
+    ap.add_argument("--repeat", type=int, default=2, help="timing runs, the best is kept (default 2)")
     args = ap.parse_args(argv)
 
     rows, sizes, results = [], {}, []
