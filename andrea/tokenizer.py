@@ -368,25 +368,24 @@ def select_segments(cands: Counter, word_counts, n: int, start: float = 8.0, kee
     encode_words(word_counts)
     spelled: dict[str, tuple[int, list[str]]] = {}  # segment -> tokens and pieces of its text without it
     bar = tqdm(total=len(chosen) - n, desc="pruning segments", disable=not progress)
+
+    def spell(s):
+        if s not in spelled:
+            table[s] = False
+            pieces = _parse(s, table)
+            table[s] = True
+            spelled[s] = (sum(1 if table.get(p) else len(_utf8(p)) for p in pieces), pieces)
+        return spelled[s]
+
     while len(chosen) > n:
-        loss = {}
-        pot = Counter()
+        standby = Counter()
         for s in chosen:
             if use[s] > 0:
-                if s not in spelled:
-                    table[s] = False
-                    spelled[s] = (_cost(s, table), _parse(s, table))
-                    table[s] = True
-                for p in spelled[s][1]:
+                for p in spell(s)[1]:
                     if table.get(p):
-                        pot[p] += use[s]
-        for s in chosen:
-            if use[s] > 0 or pot[s] > 0:
-                if s not in spelled:
-                    table[s] = False
-                    spelled[s] = (_cost(s, table), _parse(s, table))
-                    table[s] = True
-                loss[s] = (use[s] + potential * pot[s]) * (spelled[s][0] - 1)
+                        standby[p] += use[s]
+        loss = {s: (use[s] + potential * standby[s]) * (spell(s)[0] - 1)
+                for s in chosen if use[s] > 0 or standby[s] > 0}
         size = max(n, int(len(chosen) * keep))
         ranked = sorted(chosen, key=lambda s: (-loss.get(s, 0), s))
         unused = sum(1 for s in ranked[n:] if s not in loss)  # at the end, as their loss is 0
