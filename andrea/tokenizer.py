@@ -360,7 +360,7 @@ def select_segments(cands: Counter, word_counts, n: int, start: float = 8.0, kee
             for p in parse.get(w, ()):
                 use[p] -= k
                 users[p].discard(w)
-            parse[w] = pieces = _parse(w, table)
+            parse[w] = pieces = [w] if table.get(w) else _parse(w, table)  # a segment is its own longest match
             for p in pieces:
                 use[p] += k
                 users.setdefault(p, set()).add(w)
