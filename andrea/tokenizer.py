@@ -35,9 +35,11 @@ Training, in full (HarrisTokenizer.train):
        more (one byte is already a token) and occurs at least `min_count` times.
     5. Keep the N candidates that save the most tokens. Start from the 8N with the most bytes to
        save (count x (bytes - 1)); then, until N remain, encode the corpus's words with the
-       current set and drop the quarter whose removal would cost the fewest extra tokens, where
-       a piece that a chosen segment would be spelled with in its absence counts half of that
-       segment's uses (select_segments).
+       current set and drop the quarter whose removal would cost the fewest extra tokens. Do it
+       again counting for a piece also half the uses of the chosen segments that would be
+       spelled with it in their absence (so the pieces of words that whole words pre-empt are
+       not dropped first), and keep whichever of the two sets spends fewer tokens on the
+       corpus's words (select_segments).
     Frequent whole words (" the", " government") survive because word starts and ends are
     boundaries; rarer words are spelled from the pieces between successor-variety peaks
     (" hope" + "less" + "ness", " pre" + "ord" + "ain" + "ed" with the default corpus). The
@@ -329,9 +331,22 @@ def _cost(word: str, table: dict) -> int:
     return sum(1 if table.get(p) else len(_utf8(p)) for p in _parse(word, table))
 
 
-def select_segments(cands: Counter, word_counts, n: int, start: float = 8.0, keep: float = 0.75,
-                    potential: float = 0.5, progress=False) -> list[str]:
+def select_segments(cands: Counter, word_counts, n: int, keep: float = 0.75, progress=False) -> list[str]:
     """The n candidates that save the most tokens on the corpus's words, most used first.
+
+    Two prunings (prune_segments) from the 8n candidates with the most bytes to save: one weighs
+    each segment by its uses, the other also by half the uses it stands by for, which keeps the
+    pieces of words that whole words pre-empt (as in a small corpus, where that matters most).
+    The one whose segments encode the corpus's words in fewer tokens is kept.
+    """
+    plain = prune_segments(cands, word_counts, n, keep=keep, potential=0.0, progress=progress)
+    standby = prune_segments(cands, word_counts, n, keep=keep, potential=0.5, progress=progress)
+    return min(plain, standby, key=lambda r: r[1])[0]
+
+
+def prune_segments(cands: Counter, word_counts, n: int, start: float = 8.0, keep: float = 0.75,
+                   potential: float = 0.0, progress=False) -> tuple[list[str], int]:
+    """n of the candidates, most used first, and the tokens they spend on the corpus's words.
 
     Start from the start*n candidates with the most bytes to save (count x (bytes - 1)), then
     prune: encode the corpus's words with the current set, score each segment by the tokens the
@@ -400,8 +415,9 @@ def select_segments(cands: Counter, word_counts, n: int, start: float = 8.0, kee
             del spelled[s]
         bar.update(len(dropped))
     bar.close()
+    tokens = sum(k if table.get(p) else k * len(_utf8(p)) for p, k in use.items() if k)
     # ids in order of use, most used first (ties by text), so the list reads like a frequency list
-    return sorted(chosen, key=lambda s: (-use[s], s))
+    return sorted(chosen, key=lambda s: (-use[s], s)), tokens
 
 
 # ---------------------------------------------------------------- the tokenizer
