@@ -77,6 +77,7 @@ WORDS_FILE = "harris_words.txt.gz"  # the word types the successor-variety stati
 FORMAT = "andrea-harris-tokenizer"
 
 PARALLEL_CHARS = 4_000_000  # below this, starting worker processes costs more than it saves
+PARALLEL_WORDS = 20_000  # word types from which the two prunings of select_segments run side by side
 CACHE_LIMIT = 1_000_000  # words remembered by encode before the cache starts over
 
 
@@ -331,17 +332,29 @@ def _cost(word: str, table: dict) -> int:
     return sum(1 if table.get(p) else len(_utf8(p)) for p in _parse(word, table))
 
 
-def select_segments(cands: Counter, word_counts, n: int, keep: float = 0.75, progress=False) -> list[str]:
+def select_segments(cands: Counter, word_counts, n: int, keep: float = 0.75, workers: int | None = None,
+                    progress=False) -> list[str]:
     """The n candidates that save the most tokens on the corpus's words, most used first.
 
     Two prunings (prune_segments) from the 8n candidates with the most bytes to save: one weighs
     each segment by its uses, the other also by half the uses it stands by for, which keeps the
     pieces of words that whole words pre-empt (as in a small corpus, where that matters most).
-    The one whose segments encode the corpus's words in fewer tokens is kept.
+    The one whose segments encode the corpus's words in fewer tokens is kept. With two workers or
+    more and many words, the two run side by side on forked processes.
     """
-    plain = prune_segments(cands, word_counts, n, keep=keep, potential=0.0, progress=progress)
-    standby = prune_segments(cands, word_counts, n, keep=keep, potential=0.5, progress=progress)
-    return min(plain, standby, key=lambda r: r[1])[0]
+    potentials = (0.0, 0.5)
+    workers = workers or os.cpu_count() or 1
+    if workers > 1 and len(word_counts) >= PARALLEL_WORDS and _can_fork():
+        shared = (cands, word_counts, n, keep)
+        results = list(_map_forked(_prune_job, shared, potentials, min(workers, len(potentials))))
+    else:
+        results = [prune_segments(cands, word_counts, n, keep=keep, potential=p, progress=progress) for p in potentials]
+    return min(results, key=lambda r: r[1])[0]
+
+
+def _prune_job(potential):
+    cands, word_counts, n, keep = _shared
+    return prune_segments(cands, word_counts, n, keep=keep, potential=potential)
 
 
 def prune_segments(cands: Counter, word_counts, n: int, start: float = 8.0, keep: float = 0.75,
@@ -597,7 +610,7 @@ class HarrisTokenizer:
             raise AndreaError(f"requested {n_segments:,} segments but the corpus supplies only {len(cands):,} "
                               f"(pieces of two bytes or more that occur at least {min_count} times); "
                               f"give more text or ask for fewer segments.")
-        segments = select_segments(cands, word_counts, n_segments, progress=progress)
+        segments = select_segments(cands, word_counts, n_segments, workers=workers, progress=progress)
         size = sum(len(_utf8(t)) for t in texts)
         meta = {
             "corpus": {"documents": len(texts), "bytes": size, "words": int(sum(word_counts.values())),

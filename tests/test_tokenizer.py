@@ -359,6 +359,12 @@ def test_counting_on_several_processes_counts_the_same(text, monkeypatch):
     assert serial == Counter(w for d in docs for w in WORD_RE.findall(d))
 
 
+def test_the_two_prunings_on_two_processes_choose_the_same(text, monkeypatch):
+    one = HarrisTokenizer.train([text], 120, workers=1)
+    monkeypatch.setattr(harris, "PARALLEL_WORDS", 1)
+    assert HarrisTokenizer.train([text], 120, workers=2).segments == one.segments
+
+
 def test_source_shares_become_document_weights(tmp_path):
     big, small = tmp_path / "big.txt", tmp_path / "small.txt"
     big.write_text("word " * 300)
