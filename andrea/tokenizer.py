@@ -42,9 +42,9 @@ Training, in full (HarrisTokenizer.train):
        corpus's words (select_segments).
     Frequent whole words (" the", " government") survive because word starts and ends are
     boundaries; rarer words are spelled from the pieces between successor-variety peaks
-    (" hope" + "less" + "ness", " pre" + "ord" + "ain" + "ed" with the default corpus). The
-    longest-match rule does not look at boundaries, so a word can still split off them
-    (" reap" + "po" + "int" + "ment").
+    (" hope" + "less" + "ness", " re" + "ap" + "po" + "int" + "ment" with the main job's 2,048
+    segments). The longest-match rule does not look at boundaries, so a word can still split
+    off them (" pre" + "or" + "da" + "ined").
 """
 
 from __future__ import annotations
