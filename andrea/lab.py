@@ -38,6 +38,7 @@ import torch
 
 from andrea.config import BOS, N_SPECIAL, get_preset
 from andrea.errors import AndreaError
+from andrea.tokenizer import label_bytes
 
 TABLES = ("input", "output")
 METRICS = ("cos", "dot")
@@ -75,7 +76,7 @@ class ByteTokenizer:
 
     def id_to_piece(self, i: int) -> str:
         if i < 256:
-            return f"<0x{i:02X}>"
+            return label_bytes(bytes([i]))
         return "<BOS>" if i == BOS else f"<#{i}>"
 
     def decode(self, ids) -> str:

@@ -33,14 +33,18 @@ Training, in full (HarrisTokenizer.train):
     4. Candidates: each piece between two boundaries of a word (the first piece keeps the word's
        leading space), whole words included, counted over the corpus. A candidate is two bytes or
        more (one byte is already a token) and occurs at least `min_count` times.
-    5. Keep the N candidates that save the most tokens. Start from the 2N with the most bytes to
+    5. Keep the N candidates that save the most tokens. Start from the 8N with the most bytes to
        save (count x (bytes - 1)); then, until N remain, encode the corpus's words with the
-       current set and drop the quarter whose removal would cost the fewest extra tokens.
+       current set and drop the quarter whose removal would cost the fewest extra tokens. Do it
+       again counting for a piece also half the uses of the chosen segments that would be
+       spelled with it in their absence (so the pieces of words that whole words pre-empt are
+       not dropped first), and keep whichever of the two sets spends fewer tokens on the
+       corpus's words (select_segments).
     Frequent whole words (" the", " government") survive because word starts and ends are
     boundaries; rarer words are spelled from the pieces between successor-variety peaks
-    (" hope" + "less" + "ness", " pre" + "ord" + "ain" + "ed" with the default corpus). The
-    longest-match rule does not look at boundaries, so a word can still split off them
-    (" reap" + "po" + "int" + "ment").
+    (" hope" + "less" + "ness", " re" + "ap" + "po" + "int" + "ment" with the main job's 2,048
+    segments). The longest-match rule does not look at boundaries, so a word can still split
+    off them (" pre" + "or" + "da" + "ined").
 """
 
 from __future__ import annotations
@@ -74,6 +78,7 @@ WORDS_FILE = "harris_words.txt.gz"  # the word types the successor-variety stati
 FORMAT = "andrea-harris-tokenizer"
 
 PARALLEL_CHARS = 4_000_000  # below this, starting worker processes costs more than it saves
+PARALLEL_WORDS = 20_000  # word types from which the two prunings of select_segments run side by side
 CACHE_LIMIT = 1_000_000  # words remembered by encode before the cache starts over
 
 
@@ -101,6 +106,27 @@ def _has_surrogate(s: str) -> bool:
         return False
     except UnicodeEncodeError:
         return True
+
+
+def label_bytes(b: bytes) -> str:
+    """Bytes as a readable label: each printable character as itself (a space too), every other
+    byte, a control character's or one that is not whole UTF-8 on its own, as <0xNN>."""
+    out, i, n = [], 0, len(b)
+    while i < n:
+        lead = b[i]
+        size = 1 if lead < 0x80 else 2 if 0xC2 <= lead < 0xE0 else 3 if 0xE0 <= lead < 0xF0 else 4 if 0xF0 <= lead < 0xF5 else 0
+        if size:
+            try:
+                ch = b[i : i + size].decode("utf-8")
+            except UnicodeDecodeError:
+                ch = ""
+            if len(ch) == 1 and ch.isprintable():
+                out.append(ch)
+                i += size
+                continue
+        out.append(f"<0x{lead:02X}>")
+        i += 1
+    return "".join(out)
 
 
 # ---------------------------------------------------------------- successor variety
@@ -275,69 +301,137 @@ def candidate_counts(word_counts, stats: SuccessorVariety) -> Counter:
     return cands
 
 
-def _greedy(word: str, segs, max_len: int):
-    """The pieces the encoding rule cuts `word` into: segments, or single characters (bytes)."""
-    i, n = 0, len(word)
+def _parse(word: str, table: dict) -> list[str]:
+    """The pieces the encoding rule cuts `word` into, with `table` mapping every prefix of every
+    segment to whether it is itself a segment: at each position the longest segment that starts
+    there (found by extending the match while it is a prefix), else one character."""
+    pieces, i, n = [], 0, len(word)
+    get = table.get
     while i < n:
-        for j in range(min(n, i + max_len), i + 1, -1):
-            if word[i:j] in segs:
-                yield word[i:j]
-                i = j
+        end, j = i + 1, i + 1
+        while j <= n:
+            t = get(word[i:j])
+            if t is None:
                 break
-        else:
-            yield word[i]
-            i += 1
+            if t:
+                end = j
+            j += 1
+        pieces.append(word[i:end])
+        i = end
+    return pieces
 
 
-def _cost(word: str, segs, max_len: int) -> int:
-    """Tokens the encoding rule spends on `word`."""
-    return sum(1 if p in segs else len(_utf8(p)) for p in _greedy(word, segs, max_len))
+def _prefix_table(segs) -> dict:
+    """Every prefix of every segment -> whether it is a segment (see _parse)."""
+    table = {s[:j]: False for s in segs for j in range(1, len(s))}
+    table.update(dict.fromkeys(segs, True))
+    return table
 
 
-def _usage(word_counts, segs) -> Counter:
-    """How often each segment is used when the corpus's words are encoded with segs."""
-    max_len = max(map(len, segs))
-    use = Counter()
-    for w, k in word_counts.items():
-        if w in segs:  # most of the corpus: a word that is one segment
-            use[w] += k
-        else:
-            for p in _greedy(w, segs, max_len):
-                use[p] += k
-    return use
+def _cost(word: str, table: dict) -> int:
+    """Tokens the encoding rule spends on `word`: a segment is one, a character its UTF-8 bytes."""
+    return sum(1 if table.get(p) else len(_utf8(p)) for p in _parse(word, table))
 
 
-def select_segments(cands: Counter, word_counts, n: int, start: float = 2.0, keep: float = 0.75,
+def select_segments(cands: Counter, word_counts, n: int, keep: float = 0.75, workers: int | None = None,
                     progress=False) -> list[str]:
     """The n candidates that save the most tokens on the corpus's words, most used first.
 
+    Two prunings (prune_segments) from the 8n candidates with the most bytes to save: one weighs
+    each segment by its uses, the other also by half the uses it stands by for, which keeps the
+    pieces of words that whole words pre-empt (as in a small corpus, where that matters most).
+    The one whose segments encode the corpus's words in fewer tokens is kept. With two workers or
+    more and many words, the two run side by side on forked processes.
+    """
+    potentials = (0.0, 0.5)
+    workers = workers or os.cpu_count() or 1
+    if workers > 1 and len(word_counts) >= PARALLEL_WORDS and _can_fork():
+        shared = (cands, word_counts, n, keep)
+        results = list(_map_forked(_prune_job, shared, potentials, min(workers, len(potentials))))
+    else:
+        results = [prune_segments(cands, word_counts, n, keep=keep, potential=p, progress=progress) for p in potentials]
+    return min(results, key=lambda r: r[1])[0]
+
+
+def _prune_job(potential):
+    cands, word_counts, n, keep = _shared
+    return prune_segments(cands, word_counts, n, keep=keep, potential=potential)
+
+
+def prune_segments(cands: Counter, word_counts, n: int, start: float = 8.0, keep: float = 0.75,
+                   potential: float = 0.0, progress=False) -> tuple[list[str], int]:
+    """n of the candidates, most used first, and the tokens they spend on the corpus's words.
+
     Start from the start*n candidates with the most bytes to save (count x (bytes - 1)), then
     prune: encode the corpus's words with the current set, score each segment by the tokens the
-    corpus would spend without it (its uses x (tokens of its text without it - 1)) and keep the
-    best `keep` share, until n remain. A candidate that longer segments always pre-empt is never
-    used and goes first; scores are exact for one removal at a time, hence the gentle steps.
+    corpus would spend without it, and keep the best `keep` share, until n remain. The score of
+    segment s is (uses of s + potential x standby uses of s) x (tokens of the text of s without
+    s - 1). Its standby uses are the uses of the chosen segments whose text, without them, would
+    be spelled with s: while " walking" pre-empts " walk" + "ing", those two stand by for it, so
+    they are not pruned as useless before the whole words that need them are weighed. Scores
+    are exact for one removal at a time, hence the gentle steps; a candidate that is neither used
+    nor standing by goes at once (as long as n remain). Removing segments changes only the
+    encodings that used them (the longest match elsewhere is still the longest), so after each
+    step only those words are encoded again.
     """
     from tqdm import tqdm
 
     saving = {s: k * (len(_utf8(s)) - 1) for s, k in cands.items()}
     chosen = set(sorted(saving, key=lambda s: (-saving[s], s))[: max(n, int(start * n))])
+    table = _prefix_table(chosen)
+    parse: dict[str, list[str]] = {}
+    users: dict[str, set] = {}  # segment -> the words whose encoding uses it
+    use = Counter()
+
+    def encode_words(words):
+        for w in words:
+            k = word_counts[w]
+            for p in parse.get(w, ()):
+                use[p] -= k
+                users[p].discard(w)
+            parse[w] = pieces = [w] if table.get(w) else _parse(w, table)  # a segment is its own longest match
+            for p in pieces:
+                use[p] += k
+                users.setdefault(p, set()).add(w)
+
+    encode_words(word_counts)
+    spelled: dict[str, tuple[int, list[str]]] = {}  # segment -> tokens and pieces of its text without it
     bar = tqdm(total=len(chosen) - n, desc="pruning segments", disable=not progress)
-    while True:
-        use = _usage(word_counts, chosen)
-        if len(chosen) == n:
-            break
-        max_len = max(map(len, chosen))
-        loss = {}
+
+    def spell(s):
+        if s not in spelled:
+            table[s] = False
+            pieces = _parse(s, table)
+            table[s] = True
+            spelled[s] = (sum(1 if table.get(p) else len(_utf8(p)) for p in pieces), pieces)
+        return spelled[s]
+
+    while len(chosen) > n:
+        standby = Counter()
         for s in chosen:
-            chosen.discard(s)
-            loss[s] = use[s] * (_cost(s, chosen, max_len) - 1)
-            chosen.add(s)
+            if use[s] > 0:
+                for p in spell(s)[1]:
+                    if table.get(p):
+                        standby[p] += use[s]
+        loss = {s: (use[s] + potential * standby[s]) * (spell(s)[0] - 1)
+                for s in chosen if use[s] > 0 or standby[s] > 0}
         size = max(n, int(len(chosen) * keep))
-        bar.update(len(chosen) - size)
-        chosen = set(sorted(chosen, key=lambda s: (-loss[s], s))[:size])
+        ranked = sorted(chosen, key=lambda s: (-loss.get(s, 0), s))
+        unused = sum(1 for s in ranked[n:] if s not in loss)  # at the end, as their loss is 0
+        dropped = set(ranked[min(size, len(ranked) - unused):])
+        chosen.difference_update(dropped)
+        affected = set()
+        for s in dropped:
+            table[s] = False
+            affected.update(users.get(s, ()))
+        encode_words(affected)
+        for s in [s for s, (_, pieces) in spelled.items() if s in dropped or not dropped.isdisjoint(pieces)]:
+            del spelled[s]
+        bar.update(len(dropped))
     bar.close()
+    tokens = sum(k if table.get(p) else k * len(_utf8(p)) for p, k in use.items() if k)
     # ids in order of use, most used first (ties by text), so the list reads like a frequency list
-    return sorted(chosen, key=lambda s: (-use[s], s))
+    return sorted(chosen, key=lambda s: (-use[s], s)), tokens
 
 
 # ---------------------------------------------------------------- the tokenizer
@@ -384,7 +478,10 @@ class HarrisTokenizer:
         self._stats = None
         self._ids = {s: FIRST_SEGMENT + i for i, s in enumerate(self.segments)}
         self._bytes = [bytes([b]) for b in range(256)] + [b""] + [_utf8(s) for s in self.segments]
-        self._max_len = max(map(len, self.segments), default=1)
+        # every prefix of every segment -> the segment's id when the prefix is one, else -1: the
+        # longest match at a position is found by extending it while the text is such a prefix
+        self._prefixes = {s[:j]: -1 for s in self.segments for j in range(1, len(s))}
+        self._prefixes.update(self._ids)
         self._cache = _WordCache(self._encode_word)
 
     # ---- sizes and labels
@@ -409,13 +506,12 @@ class HarrisTokenizer:
         return self._bytes[self._check_id(i)]
 
     def id_to_piece(self, i) -> str:
-        """A readable label: the segment itself, <0xNN> for a byte, <BOS>."""
+        """A readable label (label_bytes): a byte or segment as its printable characters, with
+        <0xNN> for each byte that is not one; <BOS> for BOS."""
         i = self._check_id(i)
-        if i < 256:
-            return f"<0x{i:02X}>"
         if i == BOS:
             return "<BOS>"
-        return self.segments[i - FIRST_SEGMENT]
+        return label_bytes(self._bytes[i])
 
     def fingerprint(self) -> str:
         """sha256 of the segment list: equal fingerprints, equal encodings."""
@@ -425,17 +521,21 @@ class HarrisTokenizer:
 
     def _encode_word(self, word: str) -> tuple[int, ...]:
         ids = []
-        get, i, n = self._ids.get, 0, len(word)
+        get, i, n = self._prefixes.get, 0, len(word)
         while i < n:
-            for j in range(min(n, i + self._max_len), i, -1):
+            best, end, j = -1, i + 1, i + 1
+            while j <= n:
                 t = get(word[i:j])
-                if t is not None:
-                    ids.append(t)
-                    i = j
+                if t is None:
                     break
+                if t >= 0:
+                    best, end = t, j
+                j += 1
+            if best >= 0:
+                ids.append(best)
             else:
                 ids.extend(_utf8(word[i]))
-                i += 1
+            i = end
         return tuple(ids)
 
     def encode(self, text: str, bos: bool = True) -> list[int]:
@@ -511,7 +611,7 @@ class HarrisTokenizer:
             raise AndreaError(f"requested {n_segments:,} segments but the corpus supplies only {len(cands):,} "
                               f"(pieces of two bytes or more that occur at least {min_count} times); "
                               f"give more text or ask for fewer segments.")
-        segments = select_segments(cands, word_counts, n_segments, progress=progress)
+        segments = select_segments(cands, word_counts, n_segments, workers=workers, progress=progress)
         size = sum(len(_utf8(t)) for t in texts)
         meta = {
             "corpus": {"documents": len(texts), "bytes": size, "words": int(sum(word_counts.values())),

