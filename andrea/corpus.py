@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Callable
 
 from andrea.errors import AndreaError
+from andrea.files import read_json
 
 VAL_EVERY = 20  # document i is held out for validation when i % VAL_EVERY == VAL_EVERY // 2
 
@@ -367,7 +368,7 @@ def fetch_default_corpus(root: Path | None = None, log=print, extended: bool = F
 
 
 def source_meta(path: Path) -> dict:
-    return json.loads((Path(path) / "meta.json").read_text())
+    return read_json(Path(path) / "meta.json", "source record")
 
 
 def resolve_source(spec: str | Path) -> Path:

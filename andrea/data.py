@@ -217,8 +217,8 @@ def _load_state(out: Path, settings: dict) -> dict:
     completed: {source name: {"signature", "parts", "done", "entry"}}."""
     for file in (out / PROGRESS_FILE, out / "manifest.json"):
         try:
-            saved = json.loads(file.read_text())
-        except (OSError, ValueError):
+            saved = read_json(file, "preparation record")
+        except AndreaError:  # absent or damaged: that work is done again
             continue
         if not isinstance(saved, dict) or saved.get("settings") != settings:
             continue

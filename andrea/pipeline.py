@@ -31,18 +31,42 @@ RECIPE_SETTINGS = {
 MAIN_RECIPE = "v3"
 
 
+# The model and batch the main job trains where it runs: a CPU model on a CPU; on a CUDA GPU the
+# family's andrea-12m at 32 x 1024 in bf16, stopped once validation stops improving (a GPU goes
+# through the 20 MB default corpus in seconds, so the budget in minutes is rarely what ends it).
+SHAPES = {
+    "cpu": {"preset": "andrea-cpu", "batch_size": 16, "seq_len": 256, "eval_every": 250, "patience": 0},
+    "cuda": {"preset": "andrea-12m", "batch_size": 32, "seq_len": 1024, "eval_every": 100, "patience": 3},
+}
+
+
 @dataclass
 class MainJob:
-    preset: str = "andrea-cpu"
+    preset: str | None = None  # None: the shape of SHAPES for the device it runs on
     minutes: float = 15.0
     out: Path | None = None
     sampling: str = "ucb"
     seed: int = 1337
-    batch_size: int = 16
-    seq_len: int = 256
+    batch_size: int | None = None
+    seq_len: int | None = None
     recipe: str = MAIN_RECIPE
     lr: float | None = None  # None: the recipe's own in RECIPE_SETTINGS
     samples: int = 3
+
+    @classmethod
+    def on(cls, device: str = "cpu", **changes) -> "MainJob":
+        """A job with the model and batch of SHAPES[device] written out (what benchmarks compare)."""
+        s = SHAPES[device]
+        return cls(**{"preset": s["preset"], "batch_size": s["batch_size"], "seq_len": s["seq_len"], **changes})
+
+    def shape(self, device: str) -> dict:
+        """Preset, batch, length, evaluation interval and patience on `device` ("cpu" or "cuda"):
+        SHAPES[device], with what this job names itself in their place."""
+        out = dict(SHAPES[device])
+        for key in ("preset", "batch_size", "seq_len"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        return out
 
     def train_settings(self) -> dict:
         """The recipe's settings of RECIPE_SETTINGS, with lr replaced when one is given."""
@@ -98,18 +122,22 @@ def main_job_data(n_segments: int, log=print) -> tuple[list[str], object, Path, 
 
 
 def run_main_job(job: MainJob, log=print) -> dict:
+    import torch
+
     from andrea.generate import TextGenerator
     from andrea.train import train
     from andrea.trainconfig import TrainConfig
 
     t0 = time.time()
-    cfg = get_preset(job.preset)
+    shape = job.shape("cuda" if torch.cuda.is_available() else "cpu")
+    cfg = get_preset(shape["preset"])
     log("1/4 corpus, 2/4 tokenizer, 3/4 token shards (each cached after its first run)")
     names, tokenizer, tok_dir, data_dir = main_job_data(cfg.n_segments, log)
     out = Path(job.out) if job.out else Path("runs") / time.strftime("main-%Y%m%d-%H%M%S")
-    log(f"4/4 training {job.preset} for {job.minutes:g} minutes into {out}")
-    opts = TrainConfig(**job.train_settings(), batch_size=job.batch_size, seq_len=min(job.seq_len, cfg.block_size),
-                       time_limit=job.minutes * 60, eval_every=250,
+    log(f"4/4 training {shape['preset']} at {shape['batch_size']} x {shape['seq_len']} for at most {job.minutes:g} "
+        f"minutes into {out}")
+    opts = TrainConfig(**job.train_settings(), batch_size=shape["batch_size"], seq_len=min(shape["seq_len"], cfg.block_size),
+                       time_limit=job.minutes * 60, eval_every=shape["eval_every"], patience=shape["patience"],
                        checkpoint_every=100, seed=job.seed, sampling=job.sampling, eval_windows=16,
                        audit={"enabled": False})
     result = train(cfg, opts, data_dir, out, log=log)
@@ -129,7 +157,9 @@ def run_main_job(job: MainJob, log=print) -> dict:
                         "greedy_repeated_4grams": repeated_ngram_share(prompt + greedy),
                         "sampled_repeated_4grams": repeated_ngram_share(prompt + sampled)})
     summary = {
+        "preset": shape["preset"],
         "recipe": job.recipe,
+        "stopped": result.stopped,
         "val_bpb": result.eval["all"]["bpb"],
         "val_bpb_by_source": {n: m["bpb"] for n, m in result.eval.items() if n != "all"},
         "best_step": best_step,

@@ -63,7 +63,7 @@ LOG2 = math.log(2)
 @dataclass
 class RunResult:
     step: int
-    stopped: str  # "max_steps", "time_limit", "signal", "audit"
+    stopped: str  # "max_steps", "time_limit", "signal", "audit", "patience"
     eval: dict | None
     checkpoint: Path | None
     tokens_per_s: float
@@ -76,7 +76,8 @@ class RunResult:
 
 def train(model_cfg: ModelConfig, cfg: TrainConfig, data_dir=None, out_dir=None, resume: bool = False,
           log=print, progress: bool = True, on_step=None) -> RunResult:
-    """Train until max_steps, time_limit, a signal, a halting audit, or `on_step(step, loss)`
+    """Train until max_steps, time_limit, `patience` evaluations without a lower validation loss, a
+    signal, a halting audit, or `on_step(step, loss)`
     returning True (then it stops as on a signal: checkpoint, no final evaluation). `data_dir` and
     `out_dir` default to the config's `data` and `out`."""
     run = Run(model_cfg, cfg, data_dir or cfg.data, out_dir or cfg.out, resume, log)
@@ -103,6 +104,9 @@ def _train(run: "Run", progress: bool, on_step) -> RunResult:
                 with meter.paused():  # evaluation, audits and checkpoints do not count against tokens/s
                     if state.step % cfg.eval_every == 0:
                         last_eval = run.evaluate(say)
+                        if cfg.patience and state.evals_since_best >= cfg.patience:
+                            stopped = "patience"  # validation stopped improving: no more epochs of the same text
+                            break
                     if state.auditor is not None and state.step % cfg.audit["every"] == 0 and run.audit(say):
                         stopped = "audit"
                         break
@@ -151,11 +155,13 @@ class RunState:
         self.step, self.tokens_seen, self.elapsed_before = 0, 0, 0.0
         self.smma = SMMA(cfg.smma_window)
         self.best_val_loss = float("inf")
+        self.evals_since_best = 0  # evaluations in a row that did not lower the validation loss
         self.data_rng = np.random.default_rng(cfg.seed)
         self.curriculum, self.auditor = curriculum, auditor
 
     def state_dict(self, elapsed: float) -> dict:
         d = {"step": self.step, "tokens_seen": self.tokens_seen, "best_val_loss": self.best_val_loss,
+             "evals_since_best": self.evals_since_best,
              "smma": self.smma.state_dict(), "elapsed": elapsed, "data_rng": self.data_rng.bit_generator.state}
         if self.curriculum is not None:
             d["curriculum"] = self.curriculum.state_dict()
@@ -168,9 +174,9 @@ class RunState:
         def bad(field, value):
             raise AndreaError(f"{where}: its run state field {field!r} is damaged (found {str(value)[:60]!r}).")
 
-        step, tokens = meta.get("step", 0), meta.get("tokens_seen", 0)
+        step, tokens, waited = meta.get("step", 0), meta.get("tokens_seen", 0), meta.get("evals_since_best", 0)
         best, elapsed = meta.get("best_val_loss", float("inf")), meta.get("elapsed", 0.0)
-        for field, value in (("step", step), ("tokens_seen", tokens)):
+        for field, value in (("step", step), ("tokens_seen", tokens), ("evals_since_best", waited)):
             if not _is_int(value) or value < 0:
                 bad(field, value)
         if not _is_number(best) or math.isnan(best) or best == -math.inf:
@@ -201,6 +207,7 @@ class RunState:
                 torch.set_rng_state(saved)
         # everything is well formed: take it
         self.step, self.tokens_seen, self.best_val_loss, self.elapsed_before = step, tokens, float(best), float(elapsed)
+        self.evals_since_best = waited
         self.smma.load_state_dict(smma)
         if "data_rng" in meta:
             self.data_rng = rng
@@ -386,7 +393,10 @@ class Run:
         best = self.master and result["all"]["loss"] < self.state.best_val_loss
         if self.any_rank(best):  # every process takes part in a save (FSDP gathers the state)
             self.state.best_val_loss = result["all"]["loss"] if result is not None else self.state.best_val_loss
+            self.state.evals_since_best = 0
             self.save("best.safetensors")
+        else:
+            self.state.evals_since_best += 1
         self.barrier()
         return step, result
 
@@ -485,6 +495,9 @@ class Run:
     def say_why(self, stopped: str, path) -> None:
         if self.master and stopped == "signal":
             self.log(f"stopped by a signal at step {self.state.step:,}; checkpoint {path} (resume with --resume)")
+        if self.master and stopped == "patience":
+            self.log(f"validation stopped improving: {self.cfg.patience} evaluations in a row without a lower loss; "
+                     f"stopped at step {self.state.step:,} (best.safetensors holds the best)")
         if self.master and stopped == "audit":
             a = self.state.auditor
             self.log(f"the sample audit halted training at step {self.state.step:,}: {a.patience} scores in a row below "

@@ -213,6 +213,8 @@ class TrainConfig:
     # what the run measures and keeps
     eval_every: int = setting(100, positive_int, "steps between validation passes")
     eval_windows: int = setting(16, positive_int, "validation windows per source at each evaluation")
+    patience: int = setting(0, non_negative_int, "stop once this many evaluations in a row have not lowered the "
+                            "validation loss (0: never)")
     checkpoint_every: int = setting(100, positive_int, "steps between checkpoints")
     smma_window: int = setting(100, positive_int, "window of the smoothed (SMMA) training loss")
     seed: int = setting(1337, seed_int, "seed of weights, data order and curriculum")

@@ -48,7 +48,7 @@ def main(argv=None) -> int:
     from andrea.train import train
     from andrea.trainconfig import TrainConfig
 
-    job = MainJob()
+    job = MainJob.on("cpu")
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", default=job.preset, choices=list(PRESETS), help=f"model (default {job.preset})")
     ap.add_argument("--steps", type=int, default=100, help="optimizer steps per run (default 100)")

@@ -67,7 +67,7 @@ def main(argv=None) -> int:
     from andrea.errors import AndreaError
     from andrea.pipeline import MainJob, run_main_job
 
-    job = MainJob()
+    job = MainJob.on("cpu")
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--minutes", type=float, default=job.minutes, help=f"minutes of training (default {job.minutes:g}, as andrea main)")
     ap.add_argument("--preset", default=job.preset, choices=list(PRESETS), help=f"model (default {job.preset})")
@@ -88,8 +88,8 @@ def main(argv=None) -> int:
             run_dir = args.summary.parent
         else:
             cfg = PRESETS[args.preset]
-            job = MainJob(preset=args.preset, minutes=args.minutes, out=args.out, seed=args.seed,
-                          seq_len=min(job.seq_len, cfg.block_size))
+            job = MainJob.on("cpu", preset=args.preset, minutes=args.minutes, out=args.out, seed=args.seed,
+                             seq_len=min(job.seq_len, cfg.block_size))
             t0 = time.time()
             summary = run_main_job(job, log=say)
             wall = time.time() - t0

@@ -131,7 +131,7 @@ def main(argv=None) -> int:
     from andrea.train import train
     from andrea.trainconfig import TrainConfig
 
-    job = MainJob()
+    job = MainJob.on("cpu")
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS), help="which tasks (default both)")
     ap.add_argument("--recipes", nargs="+", choices=RECIPES, default=list(RECIPES), help="which recipes (default all)")

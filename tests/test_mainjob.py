@@ -35,3 +35,16 @@ def test_repeated_ngram_share_counts_4grams_seen_before():
     loop = "of the United States of the United States of the United States"
     assert repeated_ngram_share(loop) == pytest.approx(5 / 9)
     assert repeated_ngram_share("x y z w x y z w") == pytest.approx(1 / 5)
+
+
+def test_the_main_job_shape_follows_the_device_unless_named():
+    """The GPU logic on a CPU: on CUDA the job trains andrea-12m at 32 x 1024 with patience on
+    validation; on a CPU the CPU model; a preset or size the user names wins on either."""
+    from andrea.pipeline import SHAPES, MainJob
+
+    assert MainJob().shape("cuda") == SHAPES["cuda"] and SHAPES["cuda"]["preset"] == "andrea-12m"
+    assert (SHAPES["cuda"]["batch_size"], SHAPES["cuda"]["seq_len"]) == (32, 1024) and SHAPES["cuda"]["patience"] > 0
+    assert MainJob().shape("cpu") == SHAPES["cpu"] and SHAPES["cpu"]["preset"] == "andrea-cpu"
+    named = MainJob(preset="andrea-tiny", seq_len=64).shape("cuda")
+    assert (named["preset"], named["seq_len"], named["batch_size"]) == ("andrea-tiny", 64, 32)
+    assert MainJob.on("cpu").shape("cuda")["preset"] == "andrea-cpu"

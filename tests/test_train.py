@@ -147,6 +147,23 @@ def test_best_checkpoint_holds_the_weights_of_the_lowest_validation_loss(data_di
     assert not all(torch.equal(best.model_state[k], latest[k]) for k in latest)
 
 
+def test_patience_stops_when_validation_stops_improving_and_resumes_counting(data_dir, tmp_path):
+    """With patience P the run stops at the first evaluation that ends P evaluations in a row
+    without a lower validation loss; the count is part of the run state, so a resumed run stops
+    where an uninterrupted one does."""
+    cfg = tiny_config(data_dir)
+    o = dict(recipe="v1", max_steps=40, lr=0.3, eval_every=1, checkpoint_every=100, patience=2)
+    result = train(cfg, opts(**o), data_dir, tmp_path / "a", log=quiet, progress=False)
+    rows = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    val = [r["eval"]["all"]["loss"] for r in rows if "eval" in r]
+    # by hand: the first step whose loss and the one before it are both above the best before them
+    expected = next(i + 1 for i in range(2, len(val)) if min(val[i - 1 : i + 1]) >= min(val[: i - 1]))
+    assert result.stopped == "patience" and result.step == expected < 40
+    train(cfg, opts(**o), data_dir, tmp_path / "b", log=quiet, progress=False, on_step=lambda step, loss: step == expected - 1)
+    again = train(cfg, opts(**o), data_dir, tmp_path / "b", resume=True, log=quiet, progress=False)
+    assert again.stopped == "patience" and again.step == expected
+
+
 def test_v3_learns_and_resumes_exactly(data_dir, tmp_path):
     """Recipe v3 (Muon + AdamW under one state dict): the loss falls, and a run interrupted at
     step 6 and resumed from its checkpoint continues bit for bit, weights and optimizer state."""
