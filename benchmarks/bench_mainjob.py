@@ -158,10 +158,17 @@ def main(argv=None) -> int:
                     print("\n(no GPT-2 tokens/s row found in that output to compare with)")
 
     if summary.get("samples"):
-        print("\n### Samples the main job wrote\n\n```text")
+        where = (f" from `{summary['best_checkpoint']}` (step {summary['best_step']:,}, the lowest validation loss, "
+                 f"{summary['best_val_bpb']:.4f} bits per byte)") if "best_checkpoint" in summary else ""
+        print(f"\n### Samples the main job wrote{where}\n")
+        print("Repeated 4-grams: the share of the text's word 4-grams already seen earlier in it.\n\n```text")
         for s in summary["samples"]:
-            print(s.strip())
-            print()
+            if isinstance(s, str):  # a summary written before samples came in pairs
+                print(s.strip() + "\n")
+                continue
+            for kind, label in (("greedy", "greedy"), ("sampled", "sampled, temperature 0.8, top-k 40")):
+                print(f"[{label}; repeated 4-grams {100 * s[kind + '_repeated_4grams']:.0f}%]")
+                print((s["prompt"] + s[kind]).strip() + "\n")
         print("```")
     return 0
 
