@@ -77,12 +77,14 @@ class RunResult:
 def train(model_cfg: ModelConfig, cfg: TrainConfig, data_dir=None, out_dir=None, resume: bool = False,
           log=print, progress: bool = True, on_step=None) -> RunResult:
     """Train until max_steps, time_limit, `patience` evaluations without a lower validation loss, a
-    signal, a halting audit, or `on_step(step, loss)`
-    returning True (then it stops as on a signal: checkpoint, no final evaluation). `data_dir` and
-    `out_dir` default to the config's `data` and `out`."""
+    signal, a halting audit, or `on_step(step, loss)` returning True (then it stops as on a signal:
+    checkpoint, no final evaluation). `data_dir` and `out_dir` default to the config's `data` and
+    `out`."""
     run = Run(model_cfg, cfg, data_dir or cfg.data, out_dir or cfg.out, resume, log)
     try:
-        return _train(run, progress, on_step)
+        result = _train(run, progress, on_step)
+        run.leave_together()
+        return result
     finally:
         run.close()
 
@@ -230,6 +232,7 @@ class Run:
             raise AndreaError("training needs a data folder (made by `andrea prepare`) and a run folder.")
         self.cfg = cfg = cfg.for_model(model_cfg.block_size)
         self.model_cfg, self.log, self.out = model_cfg, log, Path(out_dir)
+        self.made_group = int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized()
         self.rank, self.world = _dist_setup()
         self.master = self.rank == 0
         self.device = _pick_device()
@@ -485,6 +488,14 @@ class Run:
         else:
             where = "; no checkpoint was written yet"
         raise AndreaError(f"{what}; training stopped and nothing of this state was saved{where}.")
+
+    def leave_together(self) -> None:
+        """Under torchrun, every process finishes here together, and the process group this run
+        made is closed, so no process exits while another still talks to it."""
+        if self.world > 1:
+            dist.barrier()
+            if self.made_group:
+                dist.destroy_process_group()
 
     def close(self) -> None:
         """Release the run folder."""
