@@ -19,6 +19,8 @@ import sys
 import tempfile
 import time
 
+from common import fit_bpe
+
 
 def best_time(fn, repeat):
     """(fastest wall time, the result of the last run)."""
@@ -32,7 +34,6 @@ def best_time(fn, repeat):
 
 def main(argv=None) -> int:
     import tokenizers
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     from andrea.corpus import load_documents
     from andrea.errors import AndreaError
@@ -57,16 +58,7 @@ def main(argv=None) -> int:
     # ---- training
     t_harris, harris = best_time(lambda: HarrisTokenizer.train(train, args.segments), args.repeat)
 
-    def train_bpe():
-        bpe = Tokenizer(models.BPE())
-        bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        bpe.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<BOS>"], show_progress=False,
-                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-        bpe.train_from_iterator(train, trainer)
-        return bpe
-
-    t_bpe, bpe = best_time(train_bpe, args.repeat)
+    t_bpe, bpe = best_time(lambda: fit_bpe(train, vocab), args.repeat)
     assert bpe.get_vocab_size() == harris.vocab_size == vocab
 
     # ---- encoding: a tokenizer as it comes from disk, its cache empty, on every run

