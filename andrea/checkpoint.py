@@ -29,7 +29,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import save_file
 
-from andrea.config import ModelConfig
+from andrea.config import ModelConfig, is_int
 from andrea.errors import AndreaError
 from andrea.files import atomic_output
 
@@ -154,11 +154,11 @@ def _read_meta(header: dict, path: Path) -> dict:
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise AndreaError(f"{path} is a safetensors file but not an andrea checkpoint.")
     version = meta.get("version")
-    if not _is_int(version) or version < 1:
+    if not is_int(version) or version < 1:
         raise AndreaError(f"{path} has no valid format version (found {str(version)[:40]!r}).")
     if version > VERSION:
         raise AndreaError(f"{path} is checkpoint format version {version}; this andrea reads up to {VERSION}.")
-    if "step" in meta and (not _is_int(meta["step"]) or meta["step"] < 0):
+    if "step" in meta and (not is_int(meta["step"]) or meta["step"] < 0):
         raise AndreaError(f"{path} has a step that is not a non-negative integer ({str(meta['step'])[:40]!r}).")
     for key in ("train", "tokenizer", "optimizer"):
         if key in meta and not isinstance(meta[key], dict):
@@ -175,10 +175,6 @@ def _read_config(meta: dict, path: Path) -> ModelConfig:
         raise AndreaError(f"{path}: {e}") from None
     except TypeError:
         raise AndreaError(f"{path} has a malformed model config in its metadata.") from None
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def position_table_size(cfg: ModelConfig) -> int:
@@ -243,7 +239,7 @@ def _check_optimizer_layout(config: ModelConfig, shapes: dict, info: dict, optim
 
     groups, scalars = info.get("param_groups"), info.get("scalars", {})
     if (not isinstance(groups, list) or not groups or not all(isinstance(g, dict) for g in groups)
-            or not all(isinstance(g.get("params"), list) and all(_is_int(i) for i in g["params"]) for g in groups)):
+            or not all(isinstance(g.get("params"), list) and all(is_int(i) for i in g["params"]) for g in groups)):
         raise AndreaError(f"{path} has no readable optimizer parameter groups in its metadata.")
     if not isinstance(scalars, dict) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
                                                 for v in scalars.values()):

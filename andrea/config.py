@@ -16,8 +16,18 @@ N_SPECIAL = 257  # ids 0-255 are bytes, 256 is BOS; segments start at 257
 MAX_SEED = 2**64 - 1  # the largest seed torch's generators take
 
 
+def is_int(value) -> bool:
+    """An integer, and not a bool (JSON's true must not pass for 1)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_real(value) -> bool:
+    """An int or a float, and not a bool."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def check_seed(seed, name: str = "seed") -> None:
-    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= MAX_SEED:
+    if not is_int(seed) or not 0 <= seed <= MAX_SEED:
         raise AndreaError(f"{name} must be an integer in 0..2^64-1, got {str(seed)[:40]}.")
 
 
@@ -35,7 +45,7 @@ class ModelConfig:
     def __post_init__(self):
         for name in ("vocab_size", "n_embd", "n_head", "n_layer", "block_size"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            if not is_int(value) or value < 1:
                 raise AndreaError(f"config field {name} must be a positive integer, got {value!r}.")
         if self.vocab_size < N_SPECIAL:
             raise AndreaError(f"vocab_size must be at least {N_SPECIAL} (256 bytes + BOS), got {self.vocab_size}.")

@@ -46,6 +46,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from andrea.config import is_int
 from andrea.errors import AndreaError
 from andrea.files import atomic_write_bytes, check_writable, read_json, replace_durably
 
@@ -616,8 +617,9 @@ def check_manifest(manifest, where) -> dict:
     return manifest
 
 
+
 def _count(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return is_int(value) and value >= 0
 
 
 def check_validation(data: "TokenData", names, seq_len: int) -> None:

@@ -48,7 +48,7 @@ import torch
 import torch.distributed as dist
 
 from andrea.checkpoint import load_checkpoint, save_checkpoint
-from andrea.config import BOS, ModelConfig
+from andrea.config import BOS, ModelConfig, is_int, is_real
 from andrea.data import TokenData, check_validation
 from andrea.errors import AndreaError
 from andrea.files import FolderLock, atomic_output, atomic_write_bytes, check_writable, write_error_reason
@@ -179,15 +179,15 @@ class RunState:
         step, tokens, waited = meta.get("step", 0), meta.get("tokens_seen", 0), meta.get("evals_since_best", 0)
         best, elapsed = meta.get("best_val_loss", float("inf")), meta.get("elapsed", 0.0)
         for field, value in (("step", step), ("tokens_seen", tokens), ("evals_since_best", waited)):
-            if not _is_int(value) or value < 0:
+            if not is_int(value) or value < 0:
                 bad(field, value)
-        if not _is_number(best) or math.isnan(best) or best == -math.inf:
+        if not is_real(best) or math.isnan(best) or best == -math.inf:
             bad("best_val_loss", best)
-        if not _is_number(elapsed) or not 0 <= elapsed < math.inf:
+        if not is_real(elapsed) or not 0 <= elapsed < math.inf:
             bad("elapsed", elapsed)
         smma = meta.get("smma", self.smma.state_dict())
-        if (not isinstance(smma, dict) or not _is_int(smma.get("window")) or smma["window"] < 1
-                or not _is_int(smma.get("n")) or not 0 <= smma["n"] <= smma["window"] or not _is_number(smma.get("value"))
+        if (not isinstance(smma, dict) or not is_int(smma.get("window")) or smma["window"] < 1
+                or not is_int(smma.get("n")) or not 0 <= smma["n"] <= smma["window"] or not is_real(smma.get("value"))
                 or (smma["n"] > 0 and not math.isfinite(smma["value"]))):
             bad("smma", smma)
         for field, part in (("curriculum", self.curriculum), ("audit", self.auditor)):
@@ -761,14 +761,6 @@ def _append(path: Path, row: dict) -> None:
             f.write(json.dumps(row) + "\n")
     except OSError as e:
         raise AndreaError(f"could not add to {path} ({write_error_reason(e)}); training stopped.") from None
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _all_finite(tensors) -> bool:

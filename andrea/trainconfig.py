@@ -31,7 +31,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, field, fields, replace
 
-from andrea.config import MAX_SEED, PRESETS, check_fields
+from andrea.config import MAX_SEED, PRESETS, check_fields, is_int, is_real
 from andrea.curriculum import DEFAULT_C, DEFAULT_REROLL, MODES, REWARDS, Curriculum
 from andrea.errors import AndreaError
 from andrea.files import atomic_write_bytes, read_json
@@ -44,7 +44,7 @@ SOURCE_KEYS = ("name", "path", "floor", "cap")
 
 
 def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return is_real(value) and math.isfinite(value)
 
 
 MAX_INT = 2**63 - 1  # what torch and numpy hold in an int64
@@ -53,7 +53,7 @@ MAX_BATCH = 2**20  # sequences per step: each needs its own offset and window
 
 def _int_at_least(low: int, high: int = MAX_INT):
     def check(value, name):
-        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        if not is_int(value) or value < low:
             raise AndreaError(f"{name} must be an integer >= {low}, got {str(value)[:40]}.")
         if value > high:
             raise AndreaError(f"{name} must be at most {high:,}, got {str(value)[:40]}.")
@@ -102,7 +102,7 @@ def names_list(value, name):
 
 def reroll_range(value, name):
     if (not isinstance(value, list) or len(value) != 2
-            or not all(isinstance(x, int) and not isinstance(x, bool) for x in value) or not 1 <= value[0] <= value[1]):
+            or not all(is_int(x) for x in value) or not 1 <= value[0] <= value[1]):
         raise AndreaError(f"{name} must be two integers 1 <= low <= high, got {value!r}.")
 
 
