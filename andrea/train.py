@@ -285,6 +285,7 @@ class Run:
             self.state.load_state_dict(ckpt.meta, self.out / "latest.safetensors")
         self.t_start = time.time()
         self.probe = tuple(t[:1] for t in data.val_windows(self.names[0], cfg.seq_len, 1))  # tests a state before it is saved
+        self.proven_step = None  # the step whose state was last proven sound (best and latest share a proof)
 
         # ---- what the loop measures
         self.byte_len = token_byte_lengths(self.tokenizer, model_cfg.vocab_size)
@@ -440,9 +441,11 @@ class Run:
         path (on the main process)."""
         model_state = _full_state(self.model, self.fsdp)
         optim_state = _full_optim_state(self.optimizer, self.train_model, self.cfg.recipe, self.fsdp)
-        problem = self._state_problem(model_state, optim_state) if self.master else None
-        if self.any_rank(problem is not None):
-            self.stop_on_bad_state(problem or "another process found the state NaN or infinite")
+        if self.proven_step != self.state.step:  # nothing changes between saves at one step
+            problem = self._state_problem(model_state, optim_state) if self.master else None
+            if self.any_rank(problem is not None):
+                self.stop_on_bad_state(problem or "another process found the state NaN or infinite")
+            self.proven_step = self.state.step
         if not self.master:
             return None
         meta = {**self.state.state_dict(self.elapsed()), "train": self.cfg.to_dict(), "tokenizer": self.tokenizer.to_dict(),
