@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from andrea import lab
-from andrea.config import PRESETS
+from andrea.config import PRESETS, is_int, is_real
 from andrea.errors import AndreaError
 
 MAX_BODY = 16_384  # bytes of a request body
@@ -90,7 +90,7 @@ class Fields:
         v = self.body.get(name, default)
         if v is None and optional:
             return None
-        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        if not is_int(v) or not lo <= v <= hi:
             raise BadRequest(f"{name} must be an integer from {lo:,} to {hi:,}, got {json.dumps(v)}.")
         return v
 
@@ -98,7 +98,7 @@ class Fields:
         v = self.body.get(name, default)
         if v is None and optional:
             return None
-        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v <= hi
+        ok = is_real(v) and math.isfinite(v) and v <= hi
         ok = ok and (v > lo if lo_open else v >= lo)
         if not ok:
             span = f"({lo}, {hi}]" if lo_open else f"[{lo}, {hi}]"
