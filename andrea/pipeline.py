@@ -17,7 +17,7 @@ from andrea.config import get_preset
 from andrea.corpus import cache_root, fetch_default_corpus
 from andrea.errors import AndreaError
 
-TOKENIZER_VERSION = 2  # part of the tokenizer cache key: bump when training changes
+TOKENIZER_VERSION = 3  # part of the tokenizer cache key: bump when training changes
 
 
 # The optimizer settings the main job may run with, per recipe (benchmarks/bench_recipes.py runs

@@ -33,7 +33,7 @@ Training, in full (HarrisTokenizer.train):
     4. Candidates: each piece between two boundaries of a word (the first piece keeps the word's
        leading space), whole words included, counted over the corpus. A candidate is two bytes or
        more (one byte is already a token) and occurs at least `min_count` times.
-    5. Keep the N candidates that save the most tokens. Start from the 8N with the most bytes to
+    5. Keep the N candidates that save the most tokens. Start from the 3N with the most bytes to
        save (count x (bytes - 1)); then, until N remain, encode the corpus's words with the
        current set and drop the quarter whose removal would cost the fewest extra tokens. Do it
        again counting for a piece also half the uses of the chosen segments that would be
@@ -44,7 +44,7 @@ Training, in full (HarrisTokenizer.train):
     boundaries; rarer words are spelled from the pieces between successor-variety peaks
     (" hope" + "less" + "ness", " re" + "ap" + "po" + "int" + "ment" with the main job's 2,048
     segments). The longest-match rule does not look at boundaries, so a word can still split
-    off them (" pre" + "or" + "da" + "ined").
+    off them (" pre" + "ord" + "ain" + "ed").
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ META_FILE = "tokenizer.json"
 WORDS_FILE = "harris_words.txt.gz"  # the word types the successor-variety statistics count
 FORMAT = "andrea-harris-tokenizer"
 
-PARALLEL_CHARS = 4_000_000  # below this, starting worker processes costs more than it saves
+PARALLEL_CHARS = 1_500_000  # below this, starting worker processes costs more than it saves
 PARALLEL_WORDS = 20_000  # word types from which the two prunings of select_segments run side by side
 CACHE_LIMIT = 1_000_000  # words remembered by encode before the cache starts over
 
@@ -153,11 +153,11 @@ class SuccessorVariety:
 
     def peaks(self, word: str) -> tuple[list[int], list[int]]:
         """Inner positions i (0 < i < len) where SV(word[:i]) peaks, and where PV(word[i:]) does."""
-        n, low = len(word), self.MIN_PEAK
-        sv = [self.sv[word[:i]] for i in range(n + 1)]
-        pv = [self.pv[word[i:]] for i in range(n + 1)]
-        return ([i for i in range(1, n) if sv[i - 1] < sv[i] >= max(sv[i + 1], low)],
-                [i for i in range(1, n) if pv[i + 1] < pv[i] >= max(pv[i - 1], low)])
+        n, low, sv_of, pv_of = len(word), self.MIN_PEAK, self.sv, self.pv
+        sv = [sv_of[word[:i]] for i in range(n + 1)]
+        pv = [pv_of[word[i:]] for i in range(n + 1)]
+        return ([i for i in range(1, n) if sv[i] >= low and sv[i - 1] < sv[i] >= sv[i + 1]],
+                [i for i in range(1, n) if pv[i] >= low and pv[i + 1] < pv[i] >= pv[i - 1]])
 
     def boundaries(self, word: str) -> list[int]:
         """Inner positions where either variety peaks: the cuts inside the word."""
@@ -280,24 +280,24 @@ def count_words(texts, weights=None, workers=None, progress=False) -> Counter:
 
 def candidate_counts(word_counts, stats: SuccessorVariety) -> Counter:
     """Every piece between two boundaries of every word, counted (whole words included)."""
-    cands = Counter()
-    cuts_of = {}  # boundaries of each lowercase word, found once
+    cands = Counter(word_counts)
+    spans_of = {}  # lowercase word -> the (start, end) of its pieces, found once
+    fullmatch = LETTER_WORD_RE.fullmatch
     for w, k in word_counts.items():
-        cands[w] += k
-        m = LETTER_WORD_RE.fullmatch(w)
+        m = fullmatch(w)
         if not m:
             continue  # digits, symbols and whitespace: only whole words
         space, core = m.groups()
         low = core.lower()
         if len(low) != len(core):
             continue  # lowercasing changed the length (rare letters): positions would not line up
-        cuts = cuts_of.get(low)
-        if cuts is None:
-            cuts = cuts_of[low] = [0, *stats.boundaries(low), len(low)]
-        for a, i in enumerate(cuts):
-            for j in cuts[a + 1 :]:
-                if 0 < j - i < len(core):  # the whole word is counted above
-                    cands[(space if i == 0 else "") + core[i:j]] += k  # the first piece keeps the space
+        spans = spans_of.get(low)
+        if spans is None:
+            cuts = [0, *stats.boundaries(low), len(low)]
+            spans = spans_of[low] = [(i, j) for a, i in enumerate(cuts) for j in cuts[a + 1 :]
+                                     if j - i < len(low)]  # the whole word is counted above
+        for i, j in spans:
+            cands[space + core[:j] if i == 0 else core[i:j]] += k  # the first piece keeps the space
     return cands
 
 
@@ -337,7 +337,7 @@ def select_segments(cands: Counter, word_counts, n: int, keep: float = 0.75, wor
                     progress=False) -> list[str]:
     """The n candidates that save the most tokens on the corpus's words, most used first.
 
-    Two prunings (prune_segments) from the 8n candidates with the most bytes to save: one weighs
+    Two prunings (prune_segments) from the 3n candidates with the most bytes to save: one weighs
     each segment by its uses, the other also by half the uses it stands by for, which keeps the
     pieces of words that whole words pre-empt (as in a small corpus, where that matters most).
     The one whose segments encode the corpus's words in fewer tokens is kept. With two workers or
@@ -358,7 +358,7 @@ def _prune_job(potential):
     return prune_segments(cands, word_counts, n, keep=keep, potential=potential)
 
 
-def prune_segments(cands: Counter, word_counts, n: int, start: float = 8.0, keep: float = 0.75,
+def prune_segments(cands: Counter, word_counts, n: int, start: float = 3.0, keep: float = 0.75,
                    potential: float = 0.0, progress=False) -> tuple[list[str], int]:
     """n of the candidates, most used first, and the tokens they spend on the corpus's words.
 
