@@ -328,14 +328,14 @@ class Run:
                 _, loss = self.forward(x, y)
             (loss / self.accum).backward()
             loss_sum += loss.detach()
-        loss = self._mean_over_ranks(loss_sum / self.accum)
-        if not math.isfinite(loss):
-            self.stop_on_bad_state(f"the loss became {loss} at step {state.step + 1} ({source})")
         clip = cfg.recipe != "v1" and cfg.grad_clip > 0
         grad_norm = _clip(self.train_model, cfg.grad_clip, self.fsdp) if clip else None
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        if self.any_rank(not _all_finite(_local(p) for p in self.train_model.parameters())):
+        loss, grad_norm, weights_finite = self._read_step(loss_sum / self.accum, grad_norm)
+        if not math.isfinite(loss):
+            self.stop_on_bad_state(f"the loss became {loss} at step {state.step + 1} ({source})")
+        if not weights_finite:
             self.stop_on_bad_state(f"the update of step {state.step + 1} ({source}, learning rate {lr:g}) made the "
                                    f"weights NaN or infinite")
         state.step += 1
@@ -550,10 +550,17 @@ class Run:
         if self.world > 1:
             dist.barrier()
 
-    def _mean_over_ranks(self, loss: torch.Tensor) -> float:
+    def _read_step(self, loss: torch.Tensor, grad_norm: torch.Tensor | None) -> tuple[float, float | None, bool]:
+        """The step's loss (averaged over processes), its gradient norm and whether every process's
+        weights are still finite, read from the device together: the step's only wait for it."""
+        finite = _finite(_local(p) for p in self.train_model.parameters()).to(loss.device)
+        norm = grad_norm if grad_norm is not None else torch.zeros((), device=loss.device)
+        values = torch.stack([loss.float(), norm.float().to(loss.device), (~finite).float()])
         if self.world > 1:
-            dist.all_reduce(loss, op=dist.ReduceOp.AVG)
-        return loss.item()
+            dist.all_reduce(values, op=dist.ReduceOp.SUM)  # the norm is the same on every process
+            values[:2] /= self.world
+        loss_value, norm_value, bad = values.tolist()
+        return loss_value, (norm_value if grad_norm is not None else None), bad == 0
 
     def _grad_sync(self, last: bool):
         """Gradients are averaged over processes only on the last micro-batch of a step."""
@@ -693,12 +700,13 @@ def evaluate(model, data: TokenData, seq_len: int, windows: int, micro_batch: in
     out, total_nats, total_bytes, total_tokens = {}, 0.0, 0.0, 0
     for name in data.names:
         x, y = data.val_windows(name, seq_len, windows)
-        nats = 0.0
+        nats = torch.zeros((), dtype=torch.float64, device=device)  # summed on the device, read once per source
         for i in range(0, len(x), micro_batch):
             xb, yb = x[i : i + micro_batch].to(device), y[i : i + micro_batch].to(device)
             with autocast:
                 logits, _ = model(xb)
-            nats += torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), yb.flatten(), reduction="sum").item()
+            nats += torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), yb.flatten(), reduction="sum")
+        nats = nats.item()
         nbytes = byte_len[y.flatten()].sum().item()
         out[name] = {"loss": nats / y.numel(), "bpb": nats / (LOG2 * max(nbytes, 1)), "tokens": y.numel()}
         total_nats, total_bytes, total_tokens = total_nats + nats, total_bytes + nbytes, total_tokens + y.numel()
@@ -766,10 +774,15 @@ def _append(path: Path, row: dict) -> None:
         raise AndreaError(f"could not add to {path} ({write_error_reason(e)}); training stopped.") from None
 
 
+def _finite(tensors) -> torch.Tensor:
+    """Whether every value of every tensor is finite, as a tensor on their device (no wait for it)."""
+    flags = [torch.isfinite(t).all() for t in tensors]
+    return torch.stack(flags).all() if flags else torch.tensor(True)
+
+
 def _all_finite(tensors) -> bool:
     """Whether every value of every tensor is finite, with one synchronisation."""
-    flags = [torch.isfinite(t).all() for t in tensors]
-    return bool(torch.stack(flags).all().item()) if flags else True
+    return bool(_finite(tensors).item())
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -831,11 +844,10 @@ def _pick_device() -> torch.device:
     return torch.device("cpu")
 
 
-def _clip(train_model, max_norm: float, fsdp: bool) -> float:
+def _clip(train_model, max_norm: float, fsdp: bool) -> torch.Tensor:
+    """Clip the gradients to max_norm; their total norm before clipping, left on the device."""
     norm = torch.nn.utils.clip_grad_norm_(train_model.parameters(), max_norm)
-    if fsdp:
-        norm = norm.full_tensor()
-    return float(norm)
+    return norm.full_tensor() if fsdp else norm
 
 
 def _full_options(**kw):
