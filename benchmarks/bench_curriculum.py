@@ -5,8 +5,8 @@ Runs that differ only in how each step's source is chosen: `ucb` (the bandit of 
 with ANDREA's reward), `ucb-progress` (the same bandit with reward "progress": learning progress
 against each source's own recent level), `uniform` (every source equally likely, same re-roll
 schedule) and `proportional` (by token count, no curriculum). Same model, same seeds, same step
-budget (or the same time budget with --minutes), the main job's v2 recipe (batch 16 × 256, lr
-2e-3) and its cached tokenizer and shards. Afterwards, validation bits per byte on the same fixed
+budget (or the same time budget with --minutes), the main job's recipe and batch (--recipe, with
+its settings of andrea.pipeline.RECIPE_SETTINGS) and its cached tokenizer and shards. Afterwards, validation bits per byte on the same fixed
 held-out windows of every source: per source and overall, the mean over seeds and, with several
 seeds, the spread. The runs go seed by seed, arm after arm, so compared arms ran side by side.
 
@@ -44,7 +44,8 @@ def steps_per_source(run: Path) -> Counter:
 def main(argv=None) -> int:
     from andrea.config import PRESETS, count_params
     from andrea.errors import AndreaError
-    from andrea.pipeline import RECIPE_SETTINGS, MainJob
+    from andrea.optim import RECIPES
+    from andrea.pipeline import MAIN_RECIPE, RECIPE_SETTINGS, MainJob
     from andrea.train import train
     from andrea.trainconfig import TrainConfig
 
@@ -55,8 +56,8 @@ def main(argv=None) -> int:
     ap.add_argument("--minutes", type=float, help="minutes of training per run instead of a step count")
     ap.add_argument("--batch", type=int, default=job.batch_size, help=f"sequences per step (default {job.batch_size})")
     ap.add_argument("--seq", type=int, default=job.seq_len, help=f"tokens per sequence (default {job.seq_len}, at most the context)")
-    ap.add_argument("--lr", type=float, default=RECIPE_SETTINGS["v2"]["lr"],
-                    help=f"peak learning rate (default {RECIPE_SETTINGS['v2']['lr']:g})")
+    ap.add_argument("--recipe", choices=list(RECIPES), default=MAIN_RECIPE, help=f"training recipe (default {MAIN_RECIPE}, the main job's)")
+    ap.add_argument("--lr", type=float, help="peak learning rate (default the recipe's, as the main job runs it)")
     ap.add_argument("--warmup", type=int, help="warmup steps (default a tenth of --steps, at most 50; 50 with --minutes)")
     ap.add_argument("--eval-windows", type=int, default=64, help="held-out windows per source (default 64)")
     ap.add_argument("--seeds", type=int, default=1, help="seeds per arm (default 1)")
@@ -70,6 +71,10 @@ def main(argv=None) -> int:
     seq = min(args.seq, cfg.block_size)
     if args.minutes is None and args.steps < 1:
         ap.error("--steps must be at least 1.")
+    settings = {**RECIPE_SETTINGS[args.recipe]}
+    recipe_lr = settings.pop("lr", None)
+    settings.pop("warmup_steps", None)  # --warmup's default depends on the budget
+    lr = args.lr if args.lr is not None else recipe_lr
     warmup = args.warmup if args.warmup is not None else (50 if args.minutes else max(1, min(50, args.steps // 10)))
     if args.threads:
         import torch
@@ -94,7 +99,7 @@ def main(argv=None) -> int:
             for arm in args.arms:
                 sampling, reward = ARMS[arm]
                 run = root / f"{arm}-seed{seed}"
-                opts = TrainConfig(recipe="v2", batch_size=args.batch, seq_len=seq, lr=args.lr,
+                opts = TrainConfig(recipe=args.recipe, batch_size=args.batch, seq_len=seq, lr=lr, **settings,
                                    warmup_steps=warmup, max_steps=None if args.minutes else args.steps,
                                    time_limit=args.minutes * 60 if args.minutes else None, eval_every=10**9,
                                    checkpoint_every=10**9, eval_windows=args.eval_windows, seed=seed,
@@ -131,7 +136,8 @@ def main(argv=None) -> int:
     print(f"## Curriculum: source sampling compared, {args.preset}\n")
     print(f"machine: {machine_line()}\n")
     print(f"model {args.preset} ({count_params(cfg):,} parameters); data: the main job's shards `{data_dir}` "
-          f"({', '.join(names)}); recipe v2, batch {args.batch} × {seq}, lr {args.lr:g}, warmup {warmup}, "
+          f"({', '.join(names)}); recipe {args.recipe} {json.dumps(settings)}, batch {args.batch} × {seq}, "
+          f"lr {opts.resolved_lr():g}, warmup {warmup}, "
           f"seeds {', '.join(map(str, seeds))}; budget {budget}; audit off. Cells: validation bits per byte, the mean "
           f"over seeds{' ± the standard deviation' if len(seeds) > 1 else ''}; steps: mean steps on the source.\n")
     print(md_table(["source", *args.arms, "lowest", *(f"steps, {a}" for a in args.arms)], rows,
