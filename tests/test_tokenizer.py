@@ -272,6 +272,22 @@ def test_boundaries_fall_between_the_morphemes(tok):
     assert 3 in stats.boundaries("dislocked") and 7 in stats.boundaries("dislocked")  # dis|lock|ed
 
 
+def test_candidates_are_the_pieces_between_boundaries_counted_by_hand():
+    """Pieces between any two cuts of the lowercase word (its start, its boundaries, its end), cut
+    from the word as written; the first keeps the leading space; whole words count once; words
+    that are not letters are only whole words."""
+    class Cuts:
+        def boundaries(self, low):
+            return {"walking": [4], "unwalked": [2, 6]}.get(low, [])
+
+    counts = Counter({" Walking": 3, "walking": 2, " unwalked": 1, "42": 5, " x": 1})
+    assert harris.candidate_counts(counts, Cuts()) == Counter({
+        " Walking": 3, "walking": 2, " unwalked": 1, "42": 5, " x": 1,  # the words themselves
+        " Walk": 3, "walk": 2 + 1, "ing": 3 + 2,  # walk|ing, twice
+        " un": 1, " unwalk": 1, "walked": 1, "ed": 1,  # un|walk|ed: every run of pieces but the whole
+    })
+
+
 def test_trained_segments_are_harris_pieces(tok, text):
     """Every segment lies between two successor-variety boundaries of a corpus word (a word's start
     and end included), and the morphemes the corpus was made from are found."""
