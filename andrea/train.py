@@ -34,6 +34,7 @@ present, of its shape, finite), before the first step.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -93,7 +94,7 @@ def _train(run: "Run", progress: bool, on_step) -> RunResult:
     log, state, cfg = run.log, run.state, run.cfg
     meter = Meter(run.tokens_per_step, run.flops_per_token, run.peak)
     bar = run.progress_bar() if progress and run.master else None
-    say = bar.write if bar is not None else log
+    say = log if bar is None else functools.partial(_write_beside, bar, log)
     last_eval, stopped = None, None
     with Signals(install=run.master or run.world == 1) as signals:
         try:
@@ -803,6 +804,12 @@ def _make_curriculum(cfg: TrainConfig, names: list[str]):
     if cfg.sampling == "proportional" or len(names) == 1:
         return None
     return cfg.make_curriculum(names)
+
+
+def _write_beside(bar, log, message: str) -> None:
+    """Log a line where the log writes (not tqdm's default stdout), the progress bar stepping aside."""
+    with bar.external_write_mode():
+        log(message)
 
 
 def _plot_curriculum(curriculum, path: Path) -> None:

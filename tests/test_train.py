@@ -75,6 +75,15 @@ def quiet(*args, **kwargs):
     pass
 
 
+def test_lines_written_beside_the_progress_bar_go_to_the_log_not_stdout(data_dir, tmp_path, capsys):
+    """With a progress bar, evaluation lines still go through `log` (tqdm.write alone would print
+    them on stdout, mixing them into what a caller reads there)."""
+    lines = []
+    train(tiny_config(data_dir), opts(max_steps=4), data_dir, tmp_path / "a", log=lines.append, progress=True)
+    assert any("val loss" in line for line in lines)
+    assert "val loss" not in capsys.readouterr().out
+
+
 def test_resume_is_exact(data_dir, tmp_path):
     cfg = tiny_config(data_dir)
     train(cfg, opts(max_steps=12), data_dir, tmp_path / "a", log=quiet, progress=False)
