@@ -781,11 +781,6 @@ def _finite(tensors) -> torch.Tensor:
     return torch.stack(flags).all() if flags else torch.tensor(True)
 
 
-def _all_finite(tensors) -> bool:
-    """Whether every value of every tensor is finite, with one synchronisation."""
-    return bool(_finite(tensors).item())
-
-
 def _local(t: torch.Tensor) -> torch.Tensor:
     """This process's part of a (possibly FSDP-sharded) parameter."""
     return t.to_local() if hasattr(t, "to_local") else t.detach()

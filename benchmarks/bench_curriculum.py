@@ -6,8 +6,8 @@ with ANDREA's reward), `ucb-progress` (the same bandit with reward "progress": l
 against each source's own recent level), `uniform` (every source equally likely, same re-roll
 schedule) and `proportional` (by token count, no curriculum). Same model, same seeds, same step
 budget (or the same time budget with --minutes), the main job's recipe and batch (--recipe, with
-its settings of andrea.pipeline.RECIPE_SETTINGS) and its cached tokenizer and shards. Afterwards, validation bits per byte on the same fixed
-held-out windows of every source: per source and overall, the mean over seeds and, with several
+its settings of andrea.pipeline.RECIPE_SETTINGS) and its cached tokenizer and shards. Afterwards,
+validation bits per byte on the same fixed held-out windows of every source: per source and overall, the mean over seeds and, with several
 seeds, the spread. The runs go seed by seed, arm after arm, so compared arms ran side by side.
 
     .venv/bin/python benchmarks/bench_curriculum.py                         # andrea-cpu, 100 steps, 1 seed

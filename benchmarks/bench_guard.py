@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from andrea.config import PRESETS  # noqa: E402
 from andrea.model import ANDREA  # noqa: E402
 from andrea.optim import make_optimizer  # noqa: E402
-from andrea.train import _all_finite  # noqa: E402
+from andrea.train import _finite  # noqa: E402
 
 
 def best_time(fn, device, reps: int) -> float:
@@ -65,13 +65,13 @@ def main() -> None:
         loss.item()
 
     def after_step():
-        assert _all_finite(p.detach() for p in model.parameters())
+        assert bool(_finite(p.detach() for p in model.parameters()))  # one synchronisation
 
     @torch.no_grad()
     def before_save():
         state = opt.state_dict()["state"]
-        assert _all_finite(p.detach() for p in model.parameters())
-        assert _all_finite(t for per in state.values() for t in per.values() if torch.is_tensor(t))
+        assert bool(_finite(p.detach() for p in model.parameters()))  # one synchronisation
+        assert bool(_finite(t for per in state.values() for t in per.values() if torch.is_tensor(t)))
         model.eval()
         logits, _ = model(probe[:, :-1])
         model.train()
