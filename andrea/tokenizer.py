@@ -59,12 +59,18 @@ import os
 import re
 from array import array
 from collections import Counter
+from functools import partial
 from itertools import chain
 from pathlib import Path
 
 from andrea.config import BOS
 from andrea.errors import AndreaError
 from andrea.files import atomic_write_bytes, read_json
+
+try:  # step 1 of the encoding rule and the word lookup, compiled (andrea/_harris.c; setup builds it)
+    from andrea import _harris as _compiled
+except ImportError:  # no C compiler at install: the same steps in Python below, about 2x slower
+    _compiled = None
 
 FIRST_SEGMENT = 257  # id of segment 0
 
@@ -78,6 +84,8 @@ WORDS_FILE = "harris_words.txt.gz"  # the word types the successor-variety stati
 FORMAT = "andrea-harris-tokenizer"
 
 PARALLEL_CHARS = 1_500_000  # below this, starting worker processes costs more than it saves
+# Counting with the compiled splitter, workers (and merging their counts) pay from about here
+PARALLEL_COUNT_CHARS = 6_000_000 if _compiled is not None else PARALLEL_CHARS
 PARALLEL_WORDS = 20_000  # word types from which the two prunings of select_segments run side by side
 CACHE_LIMIT = 1_000_000  # words remembered by encode before the cache starts over
 
@@ -141,15 +149,45 @@ class SuccessorVariety:
 
     END = "\0"  # marks the end (in SV) or the start (in PV) of a word
     MIN_PEAK = 3  # a peak of 2 is noise: any two words that differ in one letter make one
+    WIDTH = 32  # all_boundaries counts the first WIDTH - 1 letters of every word at once
 
     def __init__(self, words):
         self.words = sorted(set(words))
-        e = self.END
-        # every prefix of every word+END, each once; SV(p) is how many of them extend p by one
-        prefixes = {x[:i] for x in (w + e for w in self.words) for i in range(1, len(x) + 1)}
-        suffixes = {x[i:] for x in (e + w for w in self.words) for i in range(len(x))}
-        self.sv = Counter(p[:-1] for p in prefixes)
-        self.pv = Counter(s[1:] for s in suffixes)
+        self._sv = self._pv = None
+
+    @property
+    def sv(self) -> Counter:
+        """SV of every prefix of every word type (built on first use)."""
+        if self._sv is None:
+            # every prefix of every word+END, each once; SV(p) is how many of them extend p by one
+            prefixes = {x[:i] for x in (w + self.END for w in self.words) for i in range(1, len(x) + 1)}
+            self._sv = Counter(p[:-1] for p in prefixes)
+        return self._sv
+
+    @property
+    def pv(self) -> Counter:
+        """PV of every suffix of every word type (built on first use)."""
+        if self._pv is None:
+            suffixes = {x[i:] for x in (self.END + w for w in self.words) for i in range(len(x))}
+            self._pv = Counter(s[1:] for s in suffixes)
+        return self._pv
+
+    def all_boundaries(self) -> dict[str, list[int]]:
+        """boundaries(w) for every word type w, found for all of them at once: SV peaks on the
+        words, PV peaks as SV peaks on the words read backwards (_sv_peaks)."""
+        words = self.words
+        if not words:
+            return {}
+        rev = sorted(w[::-1] for w in words)
+        fwd_rows, fwd_cols = _sv_peaks(words, self.WIDTH, self.MIN_PEAK)
+        rev_rows, rev_cols = _sv_peaks(rev, self.WIDTH, self.MIN_PEAK)
+        cuts = {w: set() for w in words}
+        for r, c in zip(fwd_rows.tolist(), fwd_cols.tolist()):
+            cuts[words[r]].add(c)
+        for r, c in zip(rev_rows.tolist(), rev_cols.tolist()):
+            w = rev[r][::-1]
+            cuts[w].add(len(w) - c)
+        return {w: sorted(c) for w, c in cuts.items()}
 
     def peaks(self, word: str) -> tuple[list[int], list[int]]:
         """Inner positions i (0 < i < len) where SV(word[:i]) peaks, and where PV(word[i:]) does."""
@@ -169,6 +207,51 @@ class SuccessorVariety:
         return [(word[:i], self.sv[word[:i]], self.pv[word[i:]]) for i in range(len(word) + 1)]
 
 
+def _sv_peaks(words: list[str], width: int, low: int):
+    """(row, position) of every SV peak of the sorted, distinct, non-empty words at positions 0 <
+    i < len (the rule of SuccessorVariety.peaks), SV counted over these words.
+
+    In sorted order the words that share a prefix of length k form a run, and the distinct letters
+    (or END) that follow that prefix are one more than the words in the run whose common prefix
+    with the word before is exactly k long. So SV at depth k is a count per run, made for all words
+    at once on a (words x width) array of their first letters. Depths from width - 1 on (long
+    words only) are counted word by word on the sorted list.
+    """
+    import bisect
+
+    import numpy as np
+
+    n = len(words)
+    lens = np.fromiter(map(len, words), dtype=np.int64, count=n)
+    flat = "".join(w[: width - 1].ljust(width, "\0") for w in words)
+    grid = np.frombuffer(flat.encode("utf-32-le", "surrogatepass"), dtype=np.uint32).reshape(n, width)
+    differ = grid[1:] != grid[:-1]
+    lcp = np.full(n, -1, dtype=np.int64)  # the common prefix with the word before (-1: none before)
+    lcp[1:] = np.where(differ.any(axis=1), differ.argmax(axis=1), width)  # exact below width - 1
+    depth = min(width - 1, int(lens.max()) + 1)  # depths 0 .. depth - 1 are counted on the array
+    sv = np.zeros((n, depth + 1), dtype=np.int32)
+    for k in range(depth):
+        run = np.cumsum(lcp < k) - 1
+        sv[:, k] = 1 + np.bincount(run, weights=lcp == k).astype(np.int32)[run]
+    short = lens < depth  # SV of all its prefixes, 0 .. len, is in the array
+    k = np.arange(1, depth)[None, :]
+    here, before, after = sv[:, 1:depth], sv[:, : depth - 1], sv[:, 2 : depth + 1]
+    peak = short[:, None] & (k < lens[:, None]) & (here >= low) & (before < here) & (here >= after)
+    rows, cols = np.nonzero(peak)
+    rows_out, cols_out = [rows], [cols + 1]
+    for r in np.flatnonzero(~short).tolist():
+        w = words[r]
+        vals = sv[r, :depth].tolist()
+        for d in range(depth, len(w) + 1):
+            a = bisect.bisect_left(words, w[:d])
+            b = bisect.bisect_left(words, w[:d] + "\U0010ffff")
+            vals.append(len({v[d] if len(v) > d else "" for v in words[a:b]}))
+        at = [i for i in range(1, len(w)) if vals[i] >= low and vals[i - 1] < vals[i] >= vals[i + 1]]
+        rows_out.append(np.full(len(at), r, dtype=np.int64))
+        cols_out.append(np.array(at, dtype=np.int64))
+    return np.concatenate(rows_out), np.concatenate(cols_out)
+
+
 def letter_word_counts(word_counts) -> Counter:
     """Lowercase letter words (the leading space dropped) with their counts."""
     out = Counter()
@@ -182,10 +265,15 @@ def letter_word_counts(word_counts) -> Counter:
 # ---------------------------------------------------------------- counting words
 
 
+def split_words(text: str) -> list[str]:
+    """Step 1 of the encoding rule: the words of text, which concatenate back to it."""
+    return _compiled.split(text) if _compiled is not None else WORD_RE.findall(text)
+
+
 def _count_texts(texts) -> Counter:
     counts = Counter()
     for t in texts:
-        counts.update(WORD_RE.findall(t))
+        counts.update(split_words(t))
     return counts
 
 
@@ -257,7 +345,7 @@ def count_words(texts, weights=None, workers=None, progress=False) -> Counter:
     for weight, group in groups.items():
         if weight == 0:
             continue
-        if workers > 1 and sum(map(len, group)) >= PARALLEL_CHARS and len(group) > 1 and _can_fork():
+        if workers > 1 and sum(map(len, group)) >= PARALLEL_COUNT_CHARS and len(group) > 1 and _can_fork():
             counts = Counter()
             slices = _slices(group, 4 * workers)
             for (a, b), c in zip(slices, _map_forked(_count_slice, group, slices, workers)):
@@ -281,6 +369,7 @@ def count_words(texts, weights=None, workers=None, progress=False) -> Counter:
 def candidate_counts(word_counts, stats: SuccessorVariety) -> Counter:
     """Every piece between two boundaries of every word, counted (whole words included)."""
     cands = Counter(word_counts)
+    cuts_of = stats.all_boundaries()  # lowercase word -> its boundaries
     spans_of = {}  # lowercase word -> the (start, end) of its pieces, found once
     fullmatch = LETTER_WORD_RE.fullmatch
     for w, k in word_counts.items():
@@ -293,7 +382,8 @@ def candidate_counts(word_counts, stats: SuccessorVariety) -> Counter:
             continue  # lowercasing changed the length (rare letters): positions would not line up
         spans = spans_of.get(low)
         if spans is None:
-            cuts = [0, *stats.boundaries(low), len(low)]
+            inner = cuts_of[low] if low in cuts_of else stats.boundaries(low)
+            cuts = [0, *inner, len(low)]
             spans = spans_of[low] = [(i, j) for a, i in enumerate(cuts) for j in cuts[a + 1 :]
                                      if j - i < len(low)]  # the whole word is counted above
         for i, j in spans:
@@ -482,7 +572,18 @@ class HarrisTokenizer:
         # longest match at a position is found by extending it while the text is such a prefix
         self._prefixes = {s[:j]: -1 for s in self.segments for j in range(1, len(s))}
         self._prefixes.update(self._ids)
-        self._cache = _WordCache(self._encode_word)
+        if _compiled is not None:  # the same longest-match rule on a trie, in C
+            self._trie = _compiled.trie(self.segments, FIRST_SEGMENT)
+            self._cache = _WordCache(partial(_compiled.encode_word, self._trie))
+        else:
+            self._trie = None
+            self._cache = _WordCache(self._encode_word)
+
+    def __getstate__(self):  # the compiled trie does not pickle: it is rebuilt from the segments
+        return {"segments": self.segments, "meta": self.meta, "words": self._words}
+
+    def __setstate__(self, state):
+        self.__init__(state["segments"], state["meta"], state["words"])
 
     # ---- sizes and labels
 
@@ -520,6 +621,7 @@ class HarrisTokenizer:
     # ---- encoding
 
     def _encode_word(self, word: str) -> tuple[int, ...]:
+        """Step 2 of the encoding rule on one word (the compiled trie does the same in C)."""
         ids = []
         get, i, n = self._prefixes.get, 0, len(word)
         while i < n:
@@ -543,11 +645,15 @@ class HarrisTokenizer:
         if not isinstance(text, str):
             raise AndreaError(f"encode takes a str, not {type(text).__name__}.")
         ids = [BOS] if bos else []
-        ids.extend(chain.from_iterable(map(self._cache.__getitem__, WORD_RE.findall(text))))
+        if self._trie is not None:
+            _compiled.encode(text, self._cache, ids, self._trie, CACHE_LIMIT)
+        else:
+            ids.extend(chain.from_iterable(map(self._cache.__getitem__, WORD_RE.findall(text))))
         return ids
 
     def encode_batch(self, texts, bos: bool = True, workers: int | None = None) -> list[list[int]]:
-        """encode of every text, in order; large batches are split over worker processes."""
+        """encode of every text, in order; without the compiled module, large batches are split
+        over worker processes."""
         if isinstance(texts, str):
             raise AndreaError("encode_batch takes a list of strings; use encode for a single string.")
         texts = list(texts)
@@ -555,7 +661,10 @@ class HarrisTokenizer:
             if not isinstance(t, str):
                 raise AndreaError(f"encode_batch takes strings, not {type(t).__name__}.")
         workers = workers or os.cpu_count() or 1
-        if workers < 2 or len(texts) < 2 or sum(map(len, texts)) < PARALLEL_CHARS or not _can_fork():
+        # Compiled, encoding is about as fast as the parent could rebuild the workers' lists: on
+        # 2 cores forked workers lost at every size tried (to 50 MB), so they serve only Python.
+        if (self._trie is not None or workers < 2 or len(texts) < 2 or sum(map(len, texts)) < PARALLEL_CHARS
+                or not _can_fork()):
             return [self.encode(t, bos) for t in texts]
         slices = _slices(texts, 4 * workers)
         out = []

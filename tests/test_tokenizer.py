@@ -5,8 +5,10 @@ fetched) segments and compression on real English against a byte-level BPE."""
 import hashlib
 import json
 import os
+import pickle
 import random
 import re
+import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -248,8 +250,68 @@ def test_encode_batch_equals_encode(tok, text, monkeypatch):
     want = [tok.encode(d) for d in docs]
     assert tok.encode_batch(docs) == want
     assert tok.encode_batch(docs, bos=False) == [w[1:] for w in want]
+    python = python_only(tok.segments)  # the forked workers serve the tokenizer written in Python
     monkeypatch.setattr(harris, "PARALLEL_CHARS", 1)  # take the multi-process path on a small batch
-    assert tok.encode_batch(docs, workers=2) == want
+    assert python.encode_batch(docs, workers=2) == want
+
+
+# ---------------------------------------------------------------- the compiled module
+
+needs_compiled = pytest.mark.skipif(harris._compiled is None, reason="andrea._harris was not built (no C compiler)")
+
+
+def python_only(segments) -> HarrisTokenizer:
+    """A tokenizer that encodes with the Python steps, as where andrea._harris was not built."""
+    saved, harris._compiled = harris._compiled, None
+    try:
+        return HarrisTokenizer(segments)
+    finally:
+        harris._compiled = saved
+
+
+def test_the_compiled_module_is_built_where_there_is_a_c_compiler():
+    if not (shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip("no C compiler here, so setup builds no andrea._harris")
+    assert harris._compiled is not None and HarrisTokenizer(["ab"])._trie is not None
+
+
+@needs_compiled
+@FAST
+@given(s=st.lists(st.one_of(ANY_CHAR, HARD_CHARS, st.sampled_from(["'s", "'ll", "'ve", "'r", "'", " _", "  ", " 1", " ."])),
+                  max_size=200).map("".join))
+def test_compiled_split_is_the_word_pattern(s):
+    assert harris._compiled.split(s) == WORD_RE.findall(s)
+
+
+@needs_compiled
+def test_compiled_split_classes_every_code_point_as_re_does():
+    every = [chr(c) for c in range(0x110000)]
+    for sep in ["", " ", "a", "1", "_", "  ", " \n", "'"]:  # each code point after each kind of neighbour
+        s = sep.join(every)
+        assert harris._compiled.split(s) == WORD_RE.findall(s), repr(sep)
+
+
+@needs_compiled
+@FAST
+@given(data=st.data())
+def test_compiled_encode_is_the_python_encode(tok, data):
+    s = data.draw(st.one_of(english_like(tok), st.lists(ANY_CHAR, max_size=100).map("".join)))
+    assert tok.encode(s) == python_only(tok.segments).encode(s)
+    for w in WORD_RE.findall(s):
+        assert harris._compiled.encode_word(tok._trie, w) == tok._encode_word(w)
+
+
+@needs_compiled
+def test_compiled_word_cache_starts_over_at_its_limit(tok, text, monkeypatch):
+    monkeypatch.setattr(harris, "CACHE_LIMIT", 5)
+    fresh = HarrisTokenizer(tok.segments)
+    assert fresh.encode(text[:20_000]) == tok.encode(text[:20_000])
+    assert 0 < len(fresh._cache) <= 5
+
+
+def test_a_tokenizer_pickles(tok, text):
+    back = pickle.loads(pickle.dumps(tok))
+    assert back.segments == tok.segments and back.encode(text[:3000]) == tok.encode(text[:3000])
 
 
 # ---------------------------------------------------------------- Harris's statistics and training
@@ -272,13 +334,30 @@ def test_boundaries_fall_between_the_morphemes(tok):
     assert 3 in stats.boundaries("dislocked") and 7 in stats.boundaries("dislocked")  # dis|lock|ed
 
 
+@pytest.mark.parametrize("width", [3, 6, 32])
+def test_boundaries_of_all_words_at_once_are_each_words_boundaries(text, width, monkeypatch):
+    """all_boundaries (arrays, with long words finished one by one) against boundaries (one word
+    at a time on the SV and PV counts), on the corpus and on random words up to 40 letters."""
+    monkeypatch.setattr(SuccessorVariety, "WIDTH", width)
+    rng = random.Random(width)
+    corpora = [list(harris.letter_word_counts(harris.count_words([text]))), ["a"], ["ab", "abc", "abcd"]]
+    corpora += [["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 40))) for _ in range(300)]
+                for alphabet in ["abc", "abcdefghijklmnopqrstuvwxyzéß"]]
+    for words in corpora:
+        stats = SuccessorVariety(words)
+        found = stats.all_boundaries()
+        assert sorted(found) == stats.words
+        assert all(found[w] == stats.boundaries(w) for w in stats.words)
+    assert SuccessorVariety([]).all_boundaries() == {}
+
+
 def test_candidates_are_the_pieces_between_boundaries_counted_by_hand():
     """Pieces between any two cuts of the lowercase word (its start, its boundaries, its end), cut
     from the word as written; the first keeps the leading space; whole words count once; words
     that are not letters are only whole words."""
     class Cuts:
-        def boundaries(self, low):
-            return {"walking": [4], "unwalked": [2, 6]}.get(low, [])
+        def all_boundaries(self):
+            return {"walking": [4], "unwalked": [2, 6], "x": []}
 
     counts = Counter({" Walking": 3, "walking": 2, " unwalked": 1, "42": 5, " x": 1})
     assert harris.candidate_counts(counts, Cuts()) == Counter({
@@ -370,7 +449,7 @@ def test_weights_scale_the_counts():
 def test_counting_on_several_processes_counts_the_same(text, monkeypatch):
     docs = [text[i : i + 2000] for i in range(0, len(text), 2000)]
     serial = harris.count_words(docs, workers=1)
-    monkeypatch.setattr(harris, "PARALLEL_CHARS", 1)
+    monkeypatch.setattr(harris, "PARALLEL_COUNT_CHARS", 1)
     assert harris.count_words(docs, workers=2) == serial
     assert serial == Counter(w for d in docs for w in WORD_RE.findall(d))
 
