@@ -6,7 +6,8 @@
 
    with the character classes Python's re gives a str pattern: \s is str.isspace, \d is
    str.isdecimal, \w is str.isalnum or '_'. trie(segments, first_id) holds the segments (ids
-   first_id, first_id + 1, ...) in a trie; encode_word(trie, word) is step 2 of the encoding rule,
+   first_id, first_id + 1, ...) in a trie, and set_id(trie, segment, id) changes one (-1 takes it
+   out, as training's pruning does); encode_word(trie, word) is step 2 of the encoding rule,
    the longest segment at each position, else the UTF-8 bytes of one character ('surrogatepass'
    for a lone surrogate). encode(text, cache, out, trie, limit) appends to the list `out` the ids
    of every word of text, read from `cache`, a dict of word -> tuple of ids, where a word it has
@@ -170,6 +171,28 @@ static PyObject *make_trie(PyObject *self, PyObject *args)
     return capsule;
 }
 
+static PyObject *trie_set(PyObject *self, PyObject *args)
+{
+    PyObject *capsule, *segment;
+    long id;
+    if (!PyArg_ParseTuple(args, "OUl:set_id", &capsule, &segment, &id))
+        return NULL;
+    Trie *t = PyCapsule_GetPointer(capsule, TRIE_NAME);
+    if (t == NULL)
+        return NULL;
+    int kind = PyUnicode_KIND(segment);
+    const void *data = PyUnicode_DATA(segment);
+    int32_t node = 0;
+    for (Py_ssize_t i = 0; i < PyUnicode_GET_LENGTH(segment) && node >= 0; i++)
+        node = trie_child(t, node, PyUnicode_READ(kind, data, i));
+    if (node <= 0) {
+        PyErr_SetString(PyExc_KeyError, "set_id: the segment is not in the trie");
+        return NULL;
+    }
+    t->id[node] = (int32_t)id;
+    Py_RETURN_NONE;
+}
+
 /* Step 2 of the encoding rule on text[a:b], as a tuple of ids. */
 static PyObject *encode_span(const Trie *t, int kind, const void *data, Py_ssize_t a, Py_ssize_t b)
 {
@@ -324,6 +347,8 @@ static PyObject *encode(PyObject *self, PyObject *args)
 static PyMethodDef methods[] = {
     {"split", split, METH_O, "split(text) -> the words of text: re.findall(WORD_PATTERN, text)."},
     {"trie", make_trie, METH_VARARGS, "trie(segments, first_id) -> the segments' trie (a capsule)."},
+    {"set_id", trie_set, METH_VARARGS,
+     "set_id(trie, segment, id) -> None: give a segment of the trie another id (-1: no longer a segment)."},
     {"encode_word", encode_word, METH_VARARGS, "encode_word(trie, word) -> the ids of one word, a tuple."},
     {"encode", encode, METH_VARARGS,
      "encode(text, cache, out, trie, limit) -> None: append to out the ids of each word of text."},
