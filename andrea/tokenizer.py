@@ -50,6 +50,7 @@ Training, in full (HarrisTokenizer.train):
 from __future__ import annotations
 
 import codecs
+import gc
 import gzip
 import hashlib
 import json
@@ -58,7 +59,8 @@ import numbers
 import os
 import re
 from array import array
-from collections import Counter
+from collections import Counter, defaultdict
+from contextlib import contextmanager
 from functools import partial
 from itertools import chain
 from pathlib import Path
@@ -67,9 +69,14 @@ from andrea.config import BOS
 from andrea.errors import AndreaError
 from andrea.files import atomic_write_bytes, read_json
 
-try:  # step 1 of the encoding rule and the word lookup, compiled (andrea/_harris.c; setup builds it)
+# The word split, the longest-match rule and the word lookup, compiled (andrea/_harris.c, which
+# setup builds where there is a C compiler). Without it (or with ANDREA_NO_COMPILED=1 set), the
+# same steps run in Python: the same ids and segments, encoding about 3x slower.
+try:
+    if os.environ.get("ANDREA_NO_COMPILED", "") not in ("", "0"):
+        raise ImportError
     from andrea import _harris as _compiled
-except ImportError:  # no C compiler at install: the same steps in Python below, about 2x slower
+except ImportError:
     _compiled = None
 
 FIRST_SEGMENT = 257  # id of segment 0
@@ -173,21 +180,27 @@ class SuccessorVariety:
         return self._pv
 
     def all_boundaries(self) -> dict[str, list[int]]:
-        """boundaries(w) for every word type w, found for all of them at once: SV peaks on the
-        words, PV peaks as SV peaks on the words read backwards (_sv_peaks)."""
+        """boundaries(w) of every word type w that has any, found for all of them at once: SV
+        peaks on the words, PV peaks as SV peaks on the words read backwards (_sv_peaks)."""
+        import numpy as np
+
         words = self.words
         if not words:
             return {}
-        rev = sorted(w[::-1] for w in words)
+        backwards = sorted(range(len(words)), key=lambda r: words[r][::-1])
         fwd_rows, fwd_cols = _sv_peaks(words, self.WIDTH, self.MIN_PEAK)
-        rev_rows, rev_cols = _sv_peaks(rev, self.WIDTH, self.MIN_PEAK)
-        cuts = {w: set() for w in words}
-        for r, c in zip(fwd_rows.tolist(), fwd_cols.tolist()):
-            cuts[words[r]].add(c)
-        for r, c in zip(rev_rows.tolist(), rev_cols.tolist()):
-            w = rev[r][::-1]
-            cuts[w].add(len(w) - c)
-        return {w: sorted(c) for w, c in cuts.items()}
+        rev_rows, rev_cols = _sv_peaks([words[r][::-1] for r in backwards], self.WIDTH, self.MIN_PEAK)
+        rev_rows = np.asarray(backwards, dtype=np.int64)[rev_rows]  # as rows of `words`
+        lens = np.fromiter(map(len, words), dtype=np.int64, count=len(words))
+        rows = np.concatenate([fwd_rows, rev_rows])
+        cols = np.concatenate([fwd_cols, lens[rev_rows] - rev_cols])  # a PV peak m letters from the end
+        key = np.unique(rows * (int(lens.max()) + 1) + cols)  # sorted by word, then position
+        if not len(key):
+            return {}
+        rows, cols = np.divmod(key, int(lens.max()) + 1)
+        starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
+        cols, ends = cols.tolist(), starts[1:].tolist() + [len(cols)]
+        return {words[r]: cols[a:b] for r, a, b in zip(rows[starts].tolist(), starts.tolist(), ends)}
 
     def peaks(self, word: str) -> tuple[list[int], list[int]]:
         """Inner positions i (0 < i < len) where SV(word[:i]) peaks, and where PV(word[i:]) does."""
@@ -366,10 +379,23 @@ def count_words(texts, weights=None, workers=None, progress=False) -> Counter:
 # ---------------------------------------------------------------- choosing the segments
 
 
+@contextmanager
+def _gc_paused():
+    """Training makes some million small objects and no reference cycles; the cycle collector,
+    which would walk all of them again and again as they pile up, waits until it is done."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def candidate_counts(word_counts, stats: SuccessorVariety) -> Counter:
     """Every piece between two boundaries of every word, counted (whole words included)."""
-    cands = Counter(word_counts)
-    cuts_of = stats.all_boundaries()  # lowercase word -> its boundaries
+    cands = defaultdict(int, word_counts)
+    cuts_of = stats.all_boundaries()  # lowercase word -> its boundaries, where it has any
     spans_of = {}  # lowercase word -> the (start, end) of its pieces, found once
     fullmatch = LETTER_WORD_RE.fullmatch
     for w, k in word_counts.items():
@@ -382,13 +408,15 @@ def candidate_counts(word_counts, stats: SuccessorVariety) -> Counter:
             continue  # lowercasing changed the length (rare letters): positions would not line up
         spans = spans_of.get(low)
         if spans is None:
-            inner = cuts_of[low] if low in cuts_of else stats.boundaries(low)
+            inner = cuts_of.get(low)
+            if not inner:
+                continue  # no boundary inside: only the whole word
             cuts = [0, *inner, len(low)]
             spans = spans_of[low] = [(i, j) for a, i in enumerate(cuts) for j in cuts[a + 1 :]
                                      if j - i < len(low)]  # the whole word is counted above
         for i, j in spans:
             cands[space + core[:j] if i == 0 else core[i:j]] += k  # the first piece keeps the space
-    return cands
+    return Counter(cands)
 
 
 def _longest_match(word: str, get) -> tuple[int, ...]:
@@ -711,6 +739,11 @@ class HarrisTokenizer:
         for t in texts:
             if not isinstance(t, str):
                 raise AndreaError(f"train takes strings, not {type(t).__name__}.")
+        with _gc_paused():
+            return cls._train(texts, n_segments, weights, min_count, workers, progress)
+
+    @classmethod
+    def _train(cls, texts, n_segments, weights, min_count, workers, progress) -> "HarrisTokenizer":
         word_counts = count_words(texts, weights, workers, progress)
         if not word_counts:
             raise AndreaError("the training text is empty; the tokenizer needs text to learn segments from.")

@@ -309,6 +309,19 @@ def test_compiled_word_cache_starts_over_at_its_limit(tok, text, monkeypatch):
     assert 0 < len(fresh._cache) <= 5
 
 
+def test_without_the_compiled_module_training_and_encoding_are_the_same(tok, text):
+    """ANDREA_NO_COMPILED=1 runs the Python steps, as an install without a C compiler does."""
+    code = ("import sys, json; sys.path.insert(0, 'tests'); import test_tokenizer as t; import andrea.tokenizer as h; "
+            "text = t.morphology_text(); tok = h.HarrisTokenizer.train([text], t.N_SMALL); "
+            "print(json.dumps([h._compiled is None, tok.segments, tok.encode(text[:20000]), tok.encode('naïve 😀 \\ud800')]))")
+    env = {**os.environ, "ANDREA_NO_COMPILED": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).parent.parent).stdout
+    python, segments, ids, hard = json.loads(out)
+    assert python and segments == tok.segments
+    assert ids == tok.encode(text[:20000]) and hard == tok.encode("naïve 😀 \ud800")
+
+
 def test_a_tokenizer_pickles(tok, text):
     back = pickle.loads(pickle.dumps(tok))
     assert back.segments == tok.segments and back.encode(text[:3000]) == tok.encode(text[:3000])
@@ -346,8 +359,9 @@ def test_boundaries_of_all_words_at_once_are_each_words_boundaries(text, width, 
     for words in corpora:
         stats = SuccessorVariety(words)
         found = stats.all_boundaries()
-        assert sorted(found) == stats.words
-        assert all(found[w] == stats.boundaries(w) for w in stats.words)
+        assert set(found) <= set(stats.words)
+        assert all(found.get(w, []) == stats.boundaries(w) for w in stats.words)
+        assert all(found.values())  # words without a boundary are left out
     assert SuccessorVariety([]).all_boundaries() == {}
 
 
@@ -357,7 +371,7 @@ def test_candidates_are_the_pieces_between_boundaries_counted_by_hand():
     that are not letters are only whole words."""
     class Cuts:
         def all_boundaries(self):
-            return {"walking": [4], "unwalked": [2, 6], "x": []}
+            return {"walking": [4], "unwalked": [2, 6]}
 
     counts = Counter({" Walking": 3, "walking": 2, " unwalked": 1, "42": 5, " x": 1})
     assert harris.candidate_counts(counts, Cuts()) == Counter({
