@@ -13,19 +13,26 @@ seeds, the spread. The runs go seed by seed, arm after arm, so compared arms ran
     .venv/bin/python benchmarks/bench_curriculum.py                         # andrea-cpu, 100 steps, 1 seed
     .venv/bin/python benchmarks/bench_curriculum.py --minutes 15 --seeds 3  # the main job's budget
     .venv/bin/python benchmarks/bench_curriculum.py --preset andrea-tiny --steps 10   # a smoke check
+
+With --out, each finished run leaves its figures in bench_result.json, and a later call with the
+same --out and settings reuses them instead of training again: the comparison can be run a seed
+at a time (--seed S --seeds 1), each seed's arms side by side, and its table printed whole at the
+end by the full command. A run folder without that file (a run that was stopped) is trained anew.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
-from common import machine_line, main_job_data, md_table, say
+from common import RESULT_FILE, machine_line, main_job_data, md_table, read_result, say
 
 ARMS = {"ucb": ("ucb", "andrea"), "ucb-progress": ("ucb", "progress"), "uniform": ("uniform", "andrea"),
         "proportional": ("proportional", "andrea")}
@@ -76,9 +83,9 @@ def main(argv=None) -> int:
     settings.pop("warmup_steps", None)  # --warmup's default depends on the budget
     lr = args.lr if args.lr is not None else recipe_lr
     warmup = args.warmup if args.warmup is not None else (50 if args.minutes else max(1, min(50, args.steps // 10)))
-    if args.threads:
-        import torch
+    import torch
 
+    if args.threads:
         torch.set_num_threads(args.threads)
     try:
         data_dir = main_job_data(cfg.n_segments)
@@ -104,9 +111,23 @@ def main(argv=None) -> int:
                                    time_limit=args.minutes * 60 if args.minutes else None, eval_every=10**9,
                                    checkpoint_every=10**9, eval_windows=args.eval_windows, seed=seed,
                                    sampling=sampling, curriculum={"reward": reward}, audit={"enabled": False})
+                plan = {"preset": args.preset, "options": opts.to_dict(), "data": str(data_dir),
+                        "threads": torch.get_num_threads()}
+                kept = read_result(run, plan)
+                if kept is not None:  # measured by an earlier call with the same --out and settings
+                    say(f"{arm} sampling, seed {seed}: kept from {run}: {kept['eval']['all']['bpb']:.4f} bits/byte")
+                    results[arm, seed] = SimpleNamespace(eval=kept["eval"], step=kept["step"])
+                    counts[arm, seed] = Counter(kept["counts"])
+                    continue
+                if run.exists():
+                    shutil.rmtree(run)  # a run that stopped before its figures were written
                 say(f"training {args.preset} with {arm} sampling, seed {seed}, into {run}")
                 results[arm, seed] = train(cfg, opts, data_dir, run, log=say, progress=sys.stderr.isatty())
                 counts[arm, seed] = steps_per_source(run)
+                if args.out is not None:
+                    (run / RESULT_FILE).write_text(json.dumps({**plan, "eval": results[arm, seed].eval,
+                                                               "step": results[arm, seed].step,
+                                                               "counts": counts[arm, seed]}) + "\n")
     except AndreaError as e:
         print(f"bench_curriculum: error: {e}", file=sys.stderr)
         return 2

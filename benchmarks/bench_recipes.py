@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import load_average, machine_line, main_job_data, md_table, say
+from common import RESULT_FILE, load_average, machine_line, main_job_data, md_table, read_result, say
 
 TASKS = ("main", "shakespeare")
 
@@ -113,20 +113,6 @@ def score_whole(checkpoint: Path, data_dir: Path, seq_len: int, nbytes: int) -> 
                 logits, _ = model(x)
                 nats += torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), y.flatten(), reduction="sum").item()
     return nats / (math.log(2) * nbytes)
-
-
-RESULT_FILE = "bench_result.json"  # a finished run's figures, so that a later call with the same --out reuses them
-
-
-def read_result(run: Path, plan: dict) -> dict | None:
-    """The figures of a run measured earlier under the same plan (settings, budget, threads), or None."""
-    try:
-        got = json.loads((run / RESULT_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(got, dict) or any(got.get(k) != v for k, v in plan.items()):
-        return None
-    return got
 
 
 def parse_sets(items: list[str]) -> dict:

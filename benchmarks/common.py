@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import platform
 import re
@@ -109,3 +110,17 @@ def fit_bpe(texts, vocab: int):
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     bpe.train_from_iterator(texts, trainer)
     return bpe
+
+
+RESULT_FILE = "bench_result.json"  # a finished run's figures, so that a later call with the same --out reuses them
+
+
+def read_result(run: Path, plan: dict) -> dict | None:
+    """The figures of a run measured earlier under the same plan (settings, budget, threads), or None."""
+    try:
+        got = json.loads((run / RESULT_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(got, dict) or any(got.get(k) != v for k, v in plan.items()):
+        return None
+    return got
