@@ -23,6 +23,17 @@
 
 enum { LETTER, DIGIT, UNDERSCORE, SPACE, PUNCT };
 
+/* Before Python 3.12 a str may be held in a legacy form that must be made ready to be read. */
+static inline int ready(PyObject *s)
+{
+#if PY_VERSION_HEX < 0x030C0000
+    return PyUnicode_READY(s);
+#else
+    (void)s;
+    return 0;
+#endif
+}
+
 static unsigned char ascii_class[128];
 
 static inline int char_class(Py_UCS4 c)
@@ -127,6 +138,8 @@ static PyObject *make_trie(PyObject *self, PyObject *args)
             PyErr_SetString(PyExc_TypeError, "segments must be strings");
             return NULL;
         }
+        if (ready(s) < 0)
+            return NULL;
         chars += PyUnicode_GET_LENGTH(s);
     }
     size_t size = 16;
@@ -178,7 +191,7 @@ static PyObject *trie_set(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OUl:set_id", &capsule, &segment, &id))
         return NULL;
     Trie *t = PyCapsule_GetPointer(capsule, TRIE_NAME);
-    if (t == NULL)
+    if (t == NULL || ready(segment) < 0)
         return NULL;
     int kind = PyUnicode_KIND(segment);
     const void *data = PyUnicode_DATA(segment);
@@ -264,7 +277,7 @@ static PyObject *encode_word(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OU:encode_word", &capsule, &word))
         return NULL;
     Trie *t = PyCapsule_GetPointer(capsule, TRIE_NAME);
-    if (t == NULL)
+    if (t == NULL || ready(word) < 0)
         return NULL;
     return encode_span(t, PyUnicode_KIND(word), PyUnicode_DATA(word), 0, PyUnicode_GET_LENGTH(word));
 }
@@ -277,6 +290,8 @@ static PyObject *split(PyObject *self, PyObject *text)
         PyErr_Format(PyExc_TypeError, "split takes a str, not %.100s", Py_TYPE(text)->tp_name);
         return NULL;
     }
+    if (ready(text) < 0)
+        return NULL;
     int kind = PyUnicode_KIND(text);
     const void *data = PyUnicode_DATA(text);
     Py_ssize_t n = PyUnicode_GET_LENGTH(text), i = 0;
@@ -304,7 +319,7 @@ static PyObject *encode(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "UO!O!On:encode", &text, &PyDict_Type, &cache, &PyList_Type, &out, &capsule, &limit))
         return NULL;
     Trie *t = PyCapsule_GetPointer(capsule, TRIE_NAME);
-    if (t == NULL)
+    if (t == NULL || ready(text) < 0)
         return NULL;
     int kind = PyUnicode_KIND(text);
     const void *data = PyUnicode_DATA(text);
