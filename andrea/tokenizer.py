@@ -194,10 +194,11 @@ class SuccessorVariety:
         lens = np.fromiter(map(len, words), dtype=np.int64, count=len(words))
         rows = np.concatenate([fwd_rows, rev_rows])
         cols = np.concatenate([fwd_cols, lens[rev_rows] - rev_cols])  # a PV peak m letters from the end
-        key = np.unique(rows * (int(lens.max()) + 1) + cols)  # sorted by word, then position
+        stride = int(lens.max()) + 1
+        key = np.unique(rows * stride + cols)  # sorted by word, then position
         if not len(key):
             return {}
-        rows, cols = np.divmod(key, int(lens.max()) + 1)
+        rows, cols = np.divmod(key, stride)
         starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
         cols, ends = cols.tolist(), starts[1:].tolist() + [len(cols)]
         return {words[r]: cols[a:b] for r, a, b in zip(rows[starts].tolist(), starts.tolist(), ends)}
@@ -442,15 +443,18 @@ def _longest_match(word: str, get) -> tuple[int, ...]:
 
 class _Matcher:
     """The longest-match rule over a list of segments, with ids first + index, that segments can
-    leave and rejoin (prune_segments): on the compiled trie where andrea._harris was built, else
-    on a dict of every prefix of every segment."""
+    leave and rejoin (prune_segments): on the compiled trie where andrea._harris was built (`trie`),
+    else on a dict of every prefix of every segment (`trie` is None). encode(word) -> its ids."""
 
     def __init__(self, segments: list[str], first: int):
         self.segments, self.first = segments, first
         if _compiled is not None:
-            self._trie = _compiled.trie(segments, first)
-            self.encode = partial(_compiled.encode_word, self._trie)
+            self.trie = _compiled.trie(segments, first)
+            self.encode = partial(_compiled.encode_word, self.trie)
         else:
+            # every prefix of every segment -> the segment's id when the prefix is one, else -1:
+            # the longest match at a position is found by extending it while the text is a prefix
+            self.trie = None
             self._table = {s[:j]: -1 for s in segments for j in range(1, len(s))}
             self._table.update((s, first + i) for i, s in enumerate(segments))
             self.encode = partial(_longest_match, get=self._table.get)
@@ -458,8 +462,8 @@ class _Matcher:
     def set(self, index: int, present: bool):
         """Put segment `index` in (present) or take it out of the rule."""
         s, i = self.segments[index], self.first + index if present else -1
-        if _compiled is not None:
-            _compiled.set_id(self._trie, s, i)
+        if self.trie is not None:
+            _compiled.set_id(self.trie, s, i)
         else:
             self._table[s] = i
 
@@ -615,16 +619,9 @@ class HarrisTokenizer:
         self._stats = None
         self._ids = {s: FIRST_SEGMENT + i for i, s in enumerate(self.segments)}
         self._bytes = [bytes([b]) for b in range(256)] + [b""] + [_utf8(s) for s in self.segments]
-        # every prefix of every segment -> the segment's id when the prefix is one, else -1: the
-        # longest match at a position is found by extending it while the text is such a prefix
-        self._prefixes = {s[:j]: -1 for s in self.segments for j in range(1, len(s))}
-        self._prefixes.update(self._ids)
-        if _compiled is not None:  # the same longest-match rule on a trie, in C
-            self._trie = _compiled.trie(self.segments, FIRST_SEGMENT)
-            self._cache = _WordCache(partial(_compiled.encode_word, self._trie))
-        else:
-            self._trie = None
-            self._cache = _WordCache(self._encode_word)
+        self._rule = _Matcher(self.segments, FIRST_SEGMENT)  # step 2, compiled where it was built
+        self._trie = self._rule.trie
+        self._cache = _WordCache(self._rule.encode)
 
     def __getstate__(self):  # the compiled trie does not pickle: it is rebuilt from the segments
         return {"segments": self.segments, "meta": self.meta, "words": self._words}
@@ -666,10 +663,6 @@ class HarrisTokenizer:
         return hashlib.sha256(json.dumps(self.segments, ensure_ascii=True, separators=(",", ":")).encode()).hexdigest()
 
     # ---- encoding
-
-    def _encode_word(self, word: str) -> tuple[int, ...]:
-        """Step 2 of the encoding rule on one word (the compiled trie does the same in C)."""
-        return _longest_match(word, self._prefixes.get)
 
     def encode(self, text: str, bos: bool = True) -> list[int]:
         """Ids of text under the encoding rule (module docstring), after BOS when bos is true."""

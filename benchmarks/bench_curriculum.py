@@ -7,8 +7,8 @@ against each source's own recent level), `uniform` (every source equally likely,
 schedule) and `proportional` (by token count, no curriculum). Same model, same seeds, same step
 budget (or the same time budget with --minutes), the main job's recipe and batch (--recipe, with
 its settings of andrea.pipeline.RECIPE_SETTINGS) and its cached tokenizer and shards. Afterwards,
-validation bits per byte on the same fixed held-out windows of every source: per source and overall, the mean over seeds and, with several
-seeds, the spread. The runs go seed by seed, arm after arm, so compared arms ran side by side.
+validation bits per byte on the same fixed held-out windows of every source: per source and
+overall, the mean over seeds and, with several seeds, the spread. The runs go seed by seed, arm after arm, so compared arms ran side by side.
 
     .venv/bin/python benchmarks/bench_curriculum.py                         # andrea-cpu, 100 steps, 1 seed
     .venv/bin/python benchmarks/bench_curriculum.py --minutes 15 --seeds 3  # the main job's budget
@@ -32,7 +32,7 @@ from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
-from common import RESULT_FILE, machine_line, main_job_data, md_table, read_result, say
+from common import machine_line, main_job_data, md_table, read_result, say, write_result
 
 ARMS = {"ucb": ("ucb", "andrea"), "ucb-progress": ("ucb", "progress"), "uniform": ("uniform", "andrea"),
         "proportional": ("proportional", "andrea")}
@@ -125,9 +125,8 @@ def main(argv=None) -> int:
                 results[arm, seed] = train(cfg, opts, data_dir, run, log=say, progress=sys.stderr.isatty())
                 counts[arm, seed] = steps_per_source(run)
                 if args.out is not None:
-                    (run / RESULT_FILE).write_text(json.dumps({**plan, "eval": results[arm, seed].eval,
-                                                               "step": results[arm, seed].step,
-                                                               "counts": counts[arm, seed]}) + "\n")
+                    write_result(run, plan, {"eval": results[arm, seed].eval, "step": results[arm, seed].step,
+                                             "counts": counts[arm, seed]})
     except AndreaError as e:
         print(f"bench_curriculum: error: {e}", file=sys.stderr)
         return 2

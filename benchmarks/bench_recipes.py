@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import RESULT_FILE, load_average, machine_line, main_job_data, md_table, read_result, say
+from common import load_average, machine_line, main_job_data, md_table, read_result, say, write_result
 
 TASKS = ("main", "shakespeare")
 
@@ -196,8 +196,8 @@ def main(argv=None) -> int:
                         bpb = score_whole(run / "latest.safetensors", sh_dir, seq, sh_bytes)
                     say(f"  {bpb:.4f} bits/byte after {result.step:,} steps ({time.time() - t0:.0f} s with scoring)")
                     results.setdefault((task, recipe), []).append((seed, bpb, result.step, result.elapsed))
-                    (run / RESULT_FILE).write_text(json.dumps({**plan, "bpb": bpb, "steps": result.step,
-                                                               "elapsed": result.elapsed, "load": loads[-1]}) + "\n")
+                    write_result(run, plan, {"bpb": bpb, "steps": result.step, "elapsed": result.elapsed,
+                                             "load": loads[-1]})
     except AndreaError as e:
         print(f"bench_recipes: error: {e}", file=sys.stderr)
         return 2

@@ -124,3 +124,8 @@ def read_result(run: Path, plan: dict) -> dict | None:
     if not isinstance(got, dict) or any(got.get(k) != v for k, v in plan.items()):
         return None
     return got
+
+
+def write_result(run: Path, plan: dict, figures: dict) -> None:
+    """Leave a finished run's figures, with the plan they were measured under, for read_result."""
+    (run / RESULT_FILE).write_text(json.dumps({**plan, **figures}) + "\n")
