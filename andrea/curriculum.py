@@ -20,6 +20,14 @@ The relative drop is in percent of the source's own level, so a source whose los
 does not earn 2x for the same progress; the reward is signed, so a flat source's noise averages to
 zero instead of being paid for every lucky batch (max(0, noise) > 0); and the mean is a recent one,
 so the large drops of the first steps do not keep a source favoured after it has been learned.
+
+Reward "abs-progress" is "progress" scored by its size, not its sign: UCB(k) = |mean_k| + C *
+sqrt(ln N / n_k). A source the model is forgetting (its loss rising above its own recent level)
+then calls for batches as one it is learning does. Under "progress" the same source scores below
+zero, its weight goes to 0, and a source that is never drawn never changes its mean: one bad batch
+can shut a source out for the rest of a run (at the main job's full budget, kjv was last drawn at
+step 532 of 1,199). The mean is still taken over signed rewards, so a flat source's noise averages
+to about zero before the size is taken, and its score falls back to the exploration term alone.
 Negative scores count as 0 when they become weights. The scores become sampling weights only at re-rolls,
 spaced by a seeded random interval (uniform integer in `reroll`, default 7..42 steps):
 
@@ -58,7 +66,7 @@ from andrea.errors import AndreaError
 
 EMA_ALPHA = 0.1
 REWARD_SCALE = 1000.0
-REWARDS = ("andrea", "progress")
+REWARDS = ("andrea", "progress", "abs-progress")
 PROGRESS_SCALE = 100.0  # progress rewards in percent of the source's own recent loss
 RECENT_ALPHA = 0.05  # progress: the weight of a new reward in the recent mean
 DEFAULT_C = math.sqrt(2.0)  # UCB1's constant (Auer et al., 2002)
@@ -143,7 +151,7 @@ class Curriculum:
         self._ema: list[float | None] = [None] * n
         self._pulls = [0] * n
         self._reward_sum = [0.0] * n
-        self._recent: list[float | None] = [None] * n  # reward "progress": the recent mean reward
+        self._recent: list[float | None] = [None] * n  # rewards "progress", "abs-progress": the recent mean
         self._rng = random.Random(seed)
         self._weights = [0.0] * n
         self._open: list[str] | None = None  # the open sources when the weights were last rolled
@@ -234,7 +242,7 @@ class Curriculum:
         if not math.isfinite(loss):
             raise AndreaError(f"the loss of source {source} is {loss}; the curriculum needs a finite loss.")
         i = self._index[source]
-        if self.reward == "progress":
+        if self.reward in ("progress", "abs-progress"):
             reward, self._ema[i] = progress_reward_and_ema(self._ema[i], loss)
             recent = self._recent[i]
             self._recent[i] = reward if recent is None else (1 - RECENT_ALPHA) * recent + RECENT_ALPHA * reward
@@ -261,9 +269,11 @@ class Curriculum:
 
     def mean_rewards(self) -> dict[str, float]:
         """The reward term of each source's score: the mean of all its rewards (reward "andrea"),
-        or the recent mean (reward "progress")."""
+        the recent mean (reward "progress") or its size (reward "abs-progress")."""
         if self.reward == "progress":
             return {s: r if r is not None else 0.0 for s, r in zip(self.sources, self._recent)}
+        if self.reward == "abs-progress":
+            return {s: abs(r) if r is not None else 0.0 for s, r in zip(self.sources, self._recent)}
         return {s: self._reward_sum[i] / self._pulls[i] if self._pulls[i] else 0.0 for i, s in enumerate(self.sources)}
 
     def ucb_scores(self) -> dict[str, float]:

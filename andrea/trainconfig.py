@@ -160,7 +160,8 @@ CURRICULUM = {
     "C": Setting(DEFAULT_C, non_negative_number, "the UCB1 exploration constant"),
     "reward": Setting("andrea", one_of(*REWARDS), "andrea: ANDREA's reward (the loss drop below the source's EMA "
                       "× 1000, never negative); progress: the signed drop in percent of the source's own recent "
-                      "loss, averaged over recent pulls"),
+                      "loss, averaged over recent pulls; abs-progress: the size of that average, so a source being forgotten "
+                      "is drawn again"),
     "reroll": Setting(list(DEFAULT_REROLL), reroll_range, "a pick lasts a random number of steps in LOW..HIGH",
                       nargs=2, kind=int, metavar=("LOW", "HIGH")),
     "warmup_sources": Setting([], names_list, "sources drawn alone during the curriculum's warm-up", nargs="*", kind=str, metavar="NAME"),

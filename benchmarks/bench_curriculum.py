@@ -1,9 +1,10 @@
 """Source sampling compared on the main job's data: the UCB1 curriculum (ANDREA's reward, and the
-"progress" reward), uniform, and token-proportional.
+"progress" and "abs-progress" rewards), uniform, and token-proportional.
 
 Runs that differ only in how each step's source is chosen: `ucb` (the bandit of andrea.curriculum
 with ANDREA's reward), `ucb-progress` (the same bandit with reward "progress": learning progress
-against each source's own recent level), `uniform` (every source equally likely, same re-roll
+against each source's own recent level), `ucb-abs-progress` (reward "abs-progress": the size of
+that progress, so forgetting counts too), `uniform` (every source equally likely, same re-roll
 schedule) and `proportional` (by token count, no curriculum). Same model, same seeds, same step
 budget (or the same time budget with --minutes), the main job's recipe and batch (--recipe, with
 its settings of andrea.pipeline.RECIPE_SETTINGS) and its cached tokenizer and shards. Afterwards,
@@ -34,8 +35,8 @@ from types import SimpleNamespace
 
 from common import machine_line, main_job_data, md_table, read_result, say, write_result
 
-ARMS = {"ucb": ("ucb", "andrea"), "ucb-progress": ("ucb", "progress"), "uniform": ("uniform", "andrea"),
-        "proportional": ("proportional", "andrea")}
+ARMS = {"ucb": ("ucb", "andrea"), "ucb-progress": ("ucb", "progress"), "ucb-abs-progress": ("ucb", "abs-progress"),
+        "uniform": ("uniform", "andrea"), "proportional": ("proportional", "andrea")}
 
 
 def steps_per_source(run: Path) -> Counter:

@@ -1,6 +1,7 @@
 """The curriculum on synthetic losses: the bandit's arithmetic, its schedule, bounds, warm-up,
 resume, the plot; and the training config that builds it."""
 
+import itertools
 import json
 import math
 import random
@@ -348,3 +349,48 @@ def test_progress_state_resumes_and_mismatched_reward_is_refused():
     with pytest.raises(AndreaError, match="reward must be one of"):
         Curriculum(["x"], reward="greedy")
     assert TrainConfig(curriculum={"reward": "progress"}).curriculum_kwargs()["reward"] == "progress"
+
+
+# ---------------------------------------------------------------- reward "abs-progress"
+
+
+def test_abs_progress_scores_the_size_of_the_recent_mean():
+    cur = Curriculum(["a", "b"], C=2.0, reward="abs-progress")
+    for x in (4.0, 3.0, 4.29):  # rewards 0, 25, -10 as in the "progress" test above
+        cur.update("a", x)
+    assert cur.history[-1]["reward"] == pytest.approx(-10.0)  # each reward keeps its sign
+    cur.update("b", 2.0)
+    cur.update("b", 2.2)  # (2.0 - 2.2) / 2.0: -10%, so b's recent mean is 0.95 * 0 - 0.5
+    assert cur.mean_rewards() == pytest.approx({"a": 0.6875, "b": 0.5})
+    assert cur.ucb_scores()["b"] == pytest.approx(0.5 + 2.0 * math.sqrt(math.log(5) / 2))
+    assert TrainConfig(curriculum={"reward": "abs-progress"}).curriculum_kwargs()["reward"] == "abs-progress"
+
+
+def forgetting_run(reward: str, steps: int = 1500) -> list[str]:
+    """Two sources the model keeps learning, and one ("learned") whose loss rises with every step
+    it is not drawn and falls back when it is: a source being forgotten."""
+    cur = Curriculum(["improving-1", "learned", "improving-2"], seed=3, reward=reward)
+    noise, last = random.Random(2), {}
+    picked = []
+    for step in range(steps):
+        s = cur.next_source(step)
+        if s == "learned":
+            loss = 2.0 + 0.01 * min(step - last.get(s, step), 100)
+        else:
+            loss = 3.0 * 0.998 ** cur.pulls[s] + noise.gauss(0.0, 0.02)
+        last[s] = step
+        cur.update(s, loss)
+        picked.append(s)
+    return picked
+
+
+def test_a_source_being_forgotten_is_shut_out_by_progress_and_drawn_again_by_abs_progress():
+    """Under "progress", forgetting is a negative reward: the source's score falls below zero, its
+    weight to 0, and a source never drawn never changes its mean. Under "abs-progress" it is drawn
+    on through the run."""
+    signed, absolute = forgetting_run("progress"), forgetting_run("abs-progress")
+    late = slice(750, None)
+    assert signed[late].count("learned") < 0.02 * 750
+    assert absolute[late].count("learned") > 0.1 * 750
+    gaps = [j - i for i, j in itertools.pairwise([n for n, s in enumerate(absolute) if s == "learned"])]
+    assert max(gaps) < 50
