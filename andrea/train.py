@@ -287,6 +287,7 @@ class Run:
         self.t_start = time.time()
         self.probe = tuple(t[:1] for t in data.val_windows(self.names[0], cfg.seq_len, 1))  # tests a state before it is saved
         self.proven_step = None  # the step whose state was last proven sound (best and latest share a proof)
+        self.plotted_step = None  # the step curriculum.png was last drawn at
 
         # ---- what the loop measures
         self.byte_len = token_byte_lengths(self.tokenizer, model_cfg.vocab_size)
@@ -393,8 +394,7 @@ class Run:
                 plot_losses(self.metrics_path, self.out / "loss.png")
             except (ValueError, OSError) as e:
                 say(f"note: could not draw loss.png ({e})")
-            if self.state.curriculum is not None:
-                _plot_curriculum(self.state.curriculum, self.out / "curriculum.png")
+            self.plot_curriculum()
         best = self.master and result["all"]["loss"] < self.state.best_val_loss
         if self.any_rank(best):  # every process takes part in a save (FSDP gathers the state)
             self.state.best_val_loss = result["all"]["loss"] if result is not None else self.state.best_val_loss
@@ -432,9 +432,19 @@ class Run:
         """Save latest.safetensors (best.safetensors is written by `evaluate`). Every process takes
         part: under FSDP gathering the state is collective."""
         path = self.save("latest.safetensors")
-        if final and self.master and self.state.curriculum is not None:
-            _plot_curriculum(self.state.curriculum, self.out / "curriculum.png")
+        if final and self.master:
+            self.plot_curriculum()
         return path
+
+    def plot_curriculum(self) -> None:
+        """Draw curriculum.png, unless it was drawn at this step already (the last evaluation and the
+        final checkpoint fall on the same step)."""
+        if self.state.curriculum is None or not self.state.curriculum.history or self.plotted_step == self.state.step:
+            return
+        from andrea.curriculum import plot_curriculum
+
+        plot_curriculum(self.state.curriculum.history, self.out / "curriculum.png")
+        self.plotted_step = self.state.step
 
     def save(self, *names: str) -> Path | None:
         """Write the run's state to each of `names` in the run folder, once it is proven sound:
@@ -805,13 +815,6 @@ def _write_beside(bar, log, message: str) -> None:
     """Log a line where the log writes (not tqdm's default stdout), the progress bar stepping aside."""
     with bar.external_write_mode():
         log(message)
-
-
-def _plot_curriculum(curriculum, path: Path) -> None:
-    from andrea.curriculum import plot_curriculum
-
-    if curriculum.history:
-        plot_curriculum(curriculum.history, path)
 
 
 def _make_auditor(cfg: TrainConfig, data: TokenData, tokenizer):

@@ -115,6 +115,25 @@ def test_resume_is_exact_with_curriculum(data_dir, tmp_path):
     assert rows(tmp_path / "a") == rows(tmp_path / "b")
 
 
+def test_the_curriculum_plot_is_drawn_once_per_evaluation_and_on_a_signal(data_dir, tmp_path, monkeypatch):
+    """curriculum.png is drawn at each evaluation and by the final checkpoint, but not twice at the
+    step where both fall (the final evaluation is at the last step); a run stopped by a signal has
+    no final evaluation, so its checkpoint draws it."""
+    import andrea.curriculum
+
+    drawn = []
+    real = andrea.curriculum.plot_curriculum
+    monkeypatch.setattr(andrea.curriculum, "plot_curriculum", lambda history, path: (drawn.append(len(history)),
+                                                                                        real(history, path)))
+    cfg = tiny_config(data_dir)
+    o = dict(max_steps=8, eval_every=4, checkpoint_every=100, sampling="ucb", curriculum={"reroll": (2, 4)})
+    train(cfg, opts(**o), data_dir, tmp_path / "a", log=quiet, progress=False)
+    assert drawn == [4, 8] and (tmp_path / "a" / "curriculum.png").read_bytes()[:4] == b"\x89PNG"
+    drawn.clear()
+    train(cfg, opts(**o), data_dir, tmp_path / "b", log=quiet, progress=False, on_step=lambda step, loss: step == 6)
+    assert drawn == [4, 6]
+
+
 def test_loss_goes_down_and_checkpoints_appear(data_dir, tmp_path):
     cfg = tiny_config(data_dir)
     result = train(cfg, opts(max_steps=30, lr=3e-3, eval_every=10, checkpoint_every=10), data_dir, tmp_path / "r",
