@@ -222,9 +222,9 @@ def markdown_table(summary: dict) -> str:
 
 
 def plot_positions(summary: dict, path) -> Path:
-    from andrea.lab import _pyplot, _save
+    from andrea.lab import pyplot, save_figure
 
-    plt = _pyplot()
+    plt = pyplot()
     rows, S = summary["rows"], summary["settings"]["seq_len"]
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.8), dpi=100)
     names = [r["scheme"] for r in rows]
@@ -258,4 +258,4 @@ def plot_positions(summary: dict, path) -> Path:
     fig.suptitle(f"position schemes: {st['steps']} steps at length {S}, same data and seed "
                  f"(† learned rows ≥ S were never trained)", fontsize=10)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)

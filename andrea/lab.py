@@ -660,7 +660,8 @@ def write_projector(out_dir, model, tokenizer, which: str = "input") -> tuple[Pa
 # ---------------------------------------------------------------- plots
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (no screen needed); the lab's and the experiments' plots use it."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -669,7 +670,8 @@ def _pyplot():
     return plt
 
 
-def _save(fig, path) -> Path:
+def save_figure(fig, path) -> Path:
+    """Write `fig` to `path` (folders made), close it, and return the path; a failed write is one sentence."""
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -677,12 +679,12 @@ def _save(fig, path) -> Path:
     except OSError as e:
         raise AndreaError(f"cannot write the picture {path} ({e.strerror}).") from None
     finally:
-        _pyplot().close(fig)
+        pyplot().close(fig)
     return path
 
 
 def plot_parameter_groups(groups: list[ParamGroup], path, title: str) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     parts = [g for g in groups if g.part]
     fig, ax = plt.subplots(figsize=(9, 4.2), dpi=100)
     colors = ["C0", "C1", "0.6", "0.8", "C2"]
@@ -700,11 +702,11 @@ def plot_parameter_groups(groups: list[ParamGroup], path, title: str) -> Path:
     ax.set_title(f"{title}\n{total:,} parameters; embedding layer {emb.count:,} ({100 * emb.share:.1f}%)", fontsize=10)
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_position_similarity(sim: np.ndarray, at: dict, path, title: str) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.8), dpi=100, gridspec_kw={"width_ratios": [1.1, 1]})
     im = ax.imshow(sim, cmap="RdBu_r", vmin=-1, vmax=1, interpolation="nearest")
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="cos θ")
@@ -721,11 +723,11 @@ def plot_position_similarity(sim: np.ndarray, at: dict, path, title: str) -> Pat
     ax2.set_title("mean similarity by distance", fontsize=10), ax2.grid(alpha=0.3)
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_map(points: list[dict], explained, path, title: str) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 7), dpi=100)
     xs, ys = [p["x"] for p in points], [p["y"] for p in points]
     single = [p["single"] for p in points]
@@ -747,4 +749,4 @@ def plot_map(points: list[dict], explained, path, title: str) -> Path:
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.2)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
