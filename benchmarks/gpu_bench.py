@@ -283,7 +283,13 @@ def cmd_cli(args) -> int:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(HERE.parent), os.environ.get("PYTHONPATH")])))
     with tempfile.TemporaryDirectory(prefix="gpu-bench-") as tmp:
         run = Path(tmp) / "run"
-        train = [sys.executable, "-m", "andrea", "train", "--data", str(data), "--out", str(run), "--preset", preset,
+        model = ["--preset", preset]
+        if args.dry_run:  # the tiny model takes the shards' vocabulary, so any prepared folder does for a dry run
+            from andrea.data import TokenData
+
+            get_preset(preset).replace(vocab_size=TokenData(data).vocab_size).save(Path(tmp) / "model.json")
+            model = ["--model-config", str(Path(tmp) / "model.json")]
+        train = [sys.executable, "-m", "andrea", "train", "--data", str(data), "--out", str(run), *model,
                  "--batch-size", str(batch), "--seq-len", str(seq), *limit, "--warmup-steps", "50",
                  "--no-audit", "--no-progress"] + (["--compile"] if args.compile else [])
         t0 = time.perf_counter()
