@@ -39,14 +39,21 @@ ARMS = {"ucb": ("ucb", "andrea"), "ucb-progress": ("ucb", "progress"), "ucb-abs-
         "uniform": ("uniform", "andrea"), "proportional": ("proportional", "andrea")}
 
 
-def steps_per_source(run: Path) -> Counter:
-    counts = Counter()
+def step_sources(run: Path) -> list[str]:
+    """The source of every training step of a run, in order (from its metrics.jsonl)."""
     with open(run / "metrics.jsonl") as f:
-        for line in f:
-            row = json.loads(line)
-            if "source" in row:
-                counts[row["source"]] += 1
-    return counts
+        return [row["source"] for row in map(json.loads, f) if "source" in row]
+
+
+def shares_by_part(sources: list[str], names: list[str], parts: int = 3) -> list[dict[str, float]]:
+    """The share of each source among the steps of each of `parts` equal spans of a run, in order."""
+    n = len(sources)
+    out = []
+    for k in range(parts):
+        span = Counter(sources[k * n // parts:(k + 1) * n // parts])
+        total = max(1, sum(span.values()))
+        out.append({name: span[name] / total for name in names})
+    return out
 
 
 def main(argv=None) -> int:
@@ -101,7 +108,7 @@ def main(argv=None) -> int:
     else:
         root = args.out
     seeds = list(range(args.seed, args.seed + args.seeds))
-    results, counts = {}, {}
+    results, counts, drawn = {}, {}, {}  # drawn: each run's step sources, where its metrics are still there
     try:
         for seed in seeds:
             for arm in args.arms:
@@ -119,12 +126,14 @@ def main(argv=None) -> int:
                     say(f"{arm} sampling, seed {seed}: kept from {run}: {kept['eval']['all']['bpb']:.4f} bits/byte")
                     results[arm, seed] = SimpleNamespace(eval=kept["eval"], step=kept["step"])
                     counts[arm, seed] = Counter(kept["counts"])
+                    drawn[arm, seed] = step_sources(run) if (run / "metrics.jsonl").exists() else None
                     continue
                 if run.exists():
                     shutil.rmtree(run)  # a run that stopped before its figures were written
                 say(f"training {args.preset} with {arm} sampling, seed {seed}, into {run}")
                 results[arm, seed] = train(cfg, opts, data_dir, run, log=say, progress=sys.stderr.isatty())
-                counts[arm, seed] = steps_per_source(run)
+                drawn[arm, seed] = step_sources(run)
+                counts[arm, seed] = Counter(drawn[arm, seed])
                 if args.out is not None:
                     write_result(run, plan, {"eval": results[arm, seed].eval, "step": results[arm, seed].step,
                                              "counts": counts[arm, seed]})
@@ -166,6 +175,17 @@ def main(argv=None) -> int:
     print()
     overall = {a: cell(a, "all")[0] for a in args.arms}
     order = sorted(args.arms, key=overall.get)
+    # how each sampling spent its steps over the run: where a bandit moves weight, and when
+    shares = {}
+    for a in args.arms:
+        if all(drawn[a, s] for s in seeds):
+            per_seed = [shares_by_part(drawn[a, s], names) for s in seeds]
+            shares[a] = [{n: statistics.fmean(p[k][n] for p in per_seed) for n in names} for k in range(3)]
+    if shares:
+        print("Share of steps per source in the first, middle and last third of each run (mean over seeds):\n")
+        rows = [[a, *("/".join(f"{100 * shares[a][k][n]:.0f}" for k in range(3)) for n in names)] for a in shares]
+        print(md_table(["sampling", *(f"{n} (%)" for n in names)], rows))
+        print()
     print("Lowest bits per byte per source: " + ", ".join(f"{a} on {best[a]}" for a in args.arms) + f" of {len(names)}; "
           f"overall, in order: {', '.join(f'{a} {overall[a]:.4f}' for a in order)}. "
           + ("One seed per arm: a small difference may be noise." if len(seeds) == 1 else ""))
