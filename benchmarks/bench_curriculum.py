@@ -39,10 +39,34 @@ ARMS = {"ucb": ("ucb", "andrea"), "ucb-progress": ("ucb", "progress"), "ucb-abs-
         "uniform": ("uniform", "andrea"), "proportional": ("proportional", "andrea")}
 
 
-def step_sources(run: Path) -> list[str]:
-    """The source of every training step of a run, in order (from its metrics.jsonl)."""
+def step_losses(run: Path) -> list[tuple[str, float]]:
+    """(source, loss) of every training step of a run, in order (from its metrics.jsonl)."""
     with open(run / "metrics.jsonl") as f:
-        return [row["source"] for row in map(json.loads, f) if "source" in row]
+        return [(row["source"], row["loss"]) for row in map(json.loads, f) if "source" in row]
+
+
+def reward_anatomy(steps: list[tuple[str, float]], names: list[str]) -> dict[str, dict[str, float]]:
+    """What ANDREA's reward paid each source for, replayed from a run's (source, loss) steps with
+    andrea.curriculum's own formula: the mean reward over the whole run and over its last two
+    thirds; there, the noise of a batch's loss around the source's EMA (its standard deviation) and
+    the progress (how far the EMA fell per pull). Units: the reward's, milli-nats (loss × 1000)."""
+    from andrea.curriculum import REWARD_SCALE, reward_and_ema
+
+    ema, seen = {}, {n: [] for n in names}
+    for i, (source, loss) in enumerate(steps):
+        reward, after = reward_and_ema(ema.get(source), loss)
+        seen[source].append((i >= len(steps) // 3, reward, loss - ema.get(source, loss), after))
+        ema[source] = after
+    out = {}
+    for name, rows in seen.items():
+        late = [r for r in rows if r[0]]
+        if len(late) < 2:
+            continue
+        out[name] = {"pulls": len(rows), "reward": statistics.fmean(r[1] for r in rows),
+                     "late": statistics.fmean(r[1] for r in late),
+                     "noise": REWARD_SCALE * statistics.pstdev(r[2] for r in late),
+                     "progress": REWARD_SCALE * (late[0][3] - late[-1][3]) / (len(late) - 1)}
+    return out
 
 
 def shares_by_part(sources: list[str], names: list[str], parts: int = 3) -> list[dict[str, float]]:
@@ -126,14 +150,14 @@ def main(argv=None) -> int:
                     say(f"{arm} sampling, seed {seed}: kept from {run}: {kept['eval']['all']['bpb']:.4f} bits/byte")
                     results[arm, seed] = SimpleNamespace(eval=kept["eval"], step=kept["step"])
                     counts[arm, seed] = Counter(kept["counts"])
-                    drawn[arm, seed] = step_sources(run) if (run / "metrics.jsonl").exists() else None
+                    drawn[arm, seed] = step_losses(run) if (run / "metrics.jsonl").exists() else None
                     continue
                 if run.exists():
                     shutil.rmtree(run)  # a run that stopped before its figures were written
                 say(f"training {args.preset} with {arm} sampling, seed {seed}, into {run}")
                 results[arm, seed] = train(cfg, opts, data_dir, run, log=say, progress=sys.stderr.isatty())
-                drawn[arm, seed] = step_sources(run)
-                counts[arm, seed] = Counter(drawn[arm, seed])
+                drawn[arm, seed] = step_losses(run)
+                counts[arm, seed] = Counter(source for source, _ in drawn[arm, seed])
                 if args.out is not None:
                     write_result(run, plan, {"eval": results[arm, seed].eval, "step": results[arm, seed].step,
                                              "counts": counts[arm, seed]})
@@ -179,12 +203,24 @@ def main(argv=None) -> int:
     shares = {}
     for a in args.arms:
         if all(drawn[a, s] for s in seeds):
-            per_seed = [shares_by_part(drawn[a, s], names) for s in seeds]
+            per_seed = [shares_by_part([source for source, _ in drawn[a, s]], names) for s in seeds]
             shares[a] = [{n: statistics.fmean(p[k][n] for p in per_seed) for n in names} for k in range(3)]
     if shares:
         print("Share of steps per source in the first, middle and last third of each run (mean over seeds):\n")
         rows = [[a, *("/".join(f"{100 * shares[a][k][n]:.0f}" for k in range(3)) for n in names)] for a in shares]
         print(md_table(["sampling", *(f"{n} (%)" for n in names)], rows))
+        print()
+    if "ucb" in args.arms and all(drawn["ucb", s] for s in seeds):
+        per_seed = [reward_anatomy(drawn["ucb", s], names) for s in seeds]
+        keys = ("pulls", "reward", "late", "noise", "progress")
+        rows = [[n, *(f"{statistics.fmean(p[n][k] for p in per_seed):,.{0 if k == 'pulls' else 1}f}" for k in keys)]
+                for n in names if all(n in p for p in per_seed)]
+        print("What ANDREA's reward paid for in the ucb runs, replayed from their losses (mean over seeds; "
+              "milli-nats): the mean reward over the whole run and over its last two thirds, and there the "
+              "noise of a batch's loss around the source's EMA (standard deviation) and the progress (the "
+              "EMA's fall per pull):\n")
+        print(md_table(["source", "pulls", "mean reward", "mean reward, last 2/3", "loss noise, last 2/3",
+                        "progress per pull, last 2/3"], rows))
         print()
     print("Lowest bits per byte per source: " + ", ".join(f"{a} on {best[a]}" for a in args.arms) + f" of {len(names)}; "
           f"overall, in order: {', '.join(f'{a} {overall[a]:.4f}' for a in order)}. "
