@@ -132,7 +132,7 @@ def main(argv=None) -> int:
     else:
         root = args.out
     seeds = list(range(args.seed, args.seed + args.seeds))
-    results, counts, drawn = {}, {}, {}  # drawn: each run's step sources, where its metrics are still there
+    results, counts, drawn = {}, {}, {}  # drawn: each run's (source, loss) per step, where its metrics are still there
     try:
         for seed in seeds:
             for arm in args.arms:
