@@ -146,6 +146,8 @@ def main(argv=None) -> int:
                 plan = {"preset": args.preset, "options": opts.to_dict(), "data": str(data_dir),
                         "threads": torch.get_num_threads()}
                 kept = read_result(run, plan)
+                if kept is not None and kept.get("eval") is None:
+                    kept = None  # written by an older version for a run a signal stopped: train it anew
                 if kept is not None:  # measured by an earlier call with the same --out and settings
                     say(f"{arm} sampling, seed {seed}: kept from {run}: {kept['eval']['all']['bpb']:.4f} bits/byte")
                     results[arm, seed] = SimpleNamespace(eval=kept["eval"], step=kept["step"])
@@ -156,6 +158,10 @@ def main(argv=None) -> int:
                     shutil.rmtree(run)  # a run that stopped before its figures were written
                 say(f"training {args.preset} with {arm} sampling, seed {seed}, into {run}")
                 results[arm, seed] = train(cfg, opts, data_dir, run, log=say, progress=sys.stderr.isatty())
+                if results[arm, seed].stopped == "signal":
+                    print(f"bench_curriculum: stopped by a signal during {arm}, seed {seed}; a later call with "
+                          "the same --out keeps the finished runs and trains that one anew.", file=sys.stderr)
+                    return 130
                 drawn[arm, seed] = step_losses(run)
                 counts[arm, seed] = Counter(source for source, _ in drawn[arm, seed])
                 if args.out is not None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -185,11 +186,18 @@ def main(argv=None) -> int:
                         say(f"{task}: {recipe} seed {seed}: kept from {run}: {kept['bpb']:.4f} bits/byte")
                         results.setdefault((task, recipe), []).append((seed, kept["bpb"], kept["steps"], kept["elapsed"]))
                         continue
+                    if run.exists():
+                        shutil.rmtree(run)  # a run that stopped before its figures were written
                     loads.append(load_average())
                     say(f"{task}: {recipe} seed {seed}, {budget:g} s, {settings} -> {run}")
                     t0 = time.time()
                     result = train(cfg, opts, main_dir if task == "main" else sh_dir, run, log=say,
                                    progress=sys.stderr.isatty())
+                    if result.stopped == "signal":
+                        print(f"bench_recipes: stopped by a signal during {task}, {recipe}, seed {seed}; a later "
+                              "call with the same --out keeps the finished runs and trains that one anew.",
+                              file=sys.stderr)
+                        return 130
                     if task == "main":
                         bpb = result.eval["all"]["bpb"]
                     else:
