@@ -24,6 +24,23 @@ def test_main_job_runs_end_to_end(tmp_path, capsys):
     assert f"validation bits per byte: {summary['val_bpb']:.4f}" in printed
     assert "checkpoint:" in printed and (out / "latest.safetensors").exists()
     assert len(summary["samples"]) == 3
+    # the samples come from the best checkpoint (best.safetensors where an evaluation wrote one),
+    # one greedy and one sampled continuation per prompt, each with its share of repeated 4-grams
+    from andrea.checkpoint import load_checkpoint, load_model
+    from andrea.generate import TextGenerator
+    from andrea.pipeline import repeated_ngram_share
+
+    best = out / "best.safetensors"
+    assert summary["best_checkpoint"] == str(best if best.exists() else out / "latest.safetensors")
+    assert summary["best_step"] == load_checkpoint(summary["best_checkpoint"]).step
+    model, tok, _ = load_model(summary["best_checkpoint"])
+    generator = TextGenerator(model, tok)
+    for s in summary["samples"]:
+        assert s["greedy"] == generator.generate(s["prompt"], max_new_tokens=60, greedy=True)
+        for kind in ("greedy", "sampled"):
+            assert s[f"{kind}_repeated_4grams"] == repeated_ngram_share(s["prompt"] + s[kind])
+            assert f"{kind if kind == 'greedy' else 'sampled (temperature 0.8, top-k 40)'}, repeated 4-grams" in printed
+        assert (s["prompt"] + s["greedy"]).replace("\n", "\n    ") in printed
 
 
 def test_repeated_ngram_share_counts_4grams_seen_before():
