@@ -159,8 +159,9 @@ def main(argv=None) -> int:
                 say(f"training {args.preset} with {arm} sampling, seed {seed}, into {run}")
                 results[arm, seed] = train(cfg, opts, data_dir, run, log=say, progress=sys.stderr.isatty())
                 if results[arm, seed].stopped == "signal":
-                    print(f"bench_curriculum: stopped by a signal during {arm}, seed {seed}; a later call with "
-                          "the same --out keeps the finished runs and trains that one anew.", file=sys.stderr)
+                    again = (" a later call with the same --out keeps the finished runs and trains that one anew"
+                             if args.out is not None else " nothing was kept (no --out)")
+                    print(f"bench_curriculum: stopped by a signal during {arm}, seed {seed};{again}.", file=sys.stderr)
                     return 130
                 drawn[arm, seed] = step_losses(run)
                 counts[arm, seed] = Counter(source for source, _ in drawn[arm, seed])

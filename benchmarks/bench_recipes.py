@@ -194,8 +194,9 @@ def main(argv=None) -> int:
                     result = train(cfg, opts, main_dir if task == "main" else sh_dir, run, log=say,
                                    progress=sys.stderr.isatty())
                     if result.stopped == "signal":
-                        print(f"bench_recipes: stopped by a signal during {task}, {recipe}, seed {seed}; a later "
-                              "call with the same --out keeps the finished runs and trains that one anew.",
+                        again = (" a later call with the same --out keeps the finished runs and trains that one anew"
+                                 if args.out is not None else " nothing was kept (no --out)")
+                        print(f"bench_recipes: stopped by a signal during {task}, {recipe}, seed {seed};{again}.",
                               file=sys.stderr)
                         return 130
                     if task == "main":
