@@ -33,7 +33,7 @@ from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
-from common import machine_line, main_job_data, md_table, read_result, say, write_result
+from common import machine_line, main_job_data, md_table, read_result, say, stopped_by_signal, write_result
 
 ARMS = {"ucb": ("ucb", "andrea"), "ucb-progress": ("ucb", "progress"), "ucb-abs-progress": ("ucb", "abs-progress"),
         "uniform": ("uniform", "andrea"), "proportional": ("proportional", "andrea")}
@@ -158,10 +158,7 @@ def main(argv=None) -> int:
                     shutil.rmtree(run)  # a run that stopped before its figures were written
                 say(f"training {args.preset} with {arm} sampling, seed {seed}, into {run}")
                 results[arm, seed] = train(cfg, opts, data_dir, run, log=say, progress=sys.stderr.isatty())
-                if results[arm, seed].stopped == "signal":
-                    again = (" a later call with the same --out keeps the finished runs and trains that one anew"
-                             if args.out is not None else " nothing was kept (no --out)")
-                    print(f"bench_curriculum: stopped by a signal during {arm}, seed {seed};{again}.", file=sys.stderr)
+                if stopped_by_signal("bench_curriculum", results[arm, seed], f"{arm}, seed {seed}", args.out is not None):
                     return 130
                 drawn[arm, seed] = step_losses(run)
                 counts[arm, seed] = Counter(source for source, _ in drawn[arm, seed])

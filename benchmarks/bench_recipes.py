@@ -36,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import load_average, machine_line, main_job_data, md_table, read_result, say, write_result
+from common import load_average, machine_line, main_job_data, md_table, read_result, say, stopped_by_signal, write_result
 
 TASKS = ("main", "shakespeare")
 
@@ -193,11 +193,7 @@ def main(argv=None) -> int:
                     t0 = time.time()
                     result = train(cfg, opts, main_dir if task == "main" else sh_dir, run, log=say,
                                    progress=sys.stderr.isatty())
-                    if result.stopped == "signal":
-                        again = (" a later call with the same --out keeps the finished runs and trains that one anew"
-                                 if args.out is not None else " nothing was kept (no --out)")
-                        print(f"bench_recipes: stopped by a signal during {task}, {recipe}, seed {seed};{again}.",
-                              file=sys.stderr)
+                    if stopped_by_signal("bench_recipes", result, f"{task}, {recipe}, seed {seed}", args.out is not None):
                         return 130
                     if task == "main":
                         bpb = result.eval["all"]["bpb"]

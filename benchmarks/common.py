@@ -126,6 +126,17 @@ def read_result(run: Path, plan: dict) -> dict | None:
     return got
 
 
+def stopped_by_signal(script: str, result, what: str, kept: bool) -> bool:
+    """True, after one sentence on stderr, when a signal stopped a run that `train` returned (the
+    script then writes no figures for it and exits); `kept`: the finished runs stay (an --out)."""
+    if result.stopped != "signal":
+        return False
+    again = (" a later call with the same --out keeps the finished runs and trains that one anew" if kept
+             else " nothing was kept (no --out)")
+    print(f"{script}: stopped by a signal during {what};{again}.", file=sys.stderr)
+    return True
+
+
 def write_result(run: Path, plan: dict, figures: dict) -> None:
     """Leave a finished run's figures, with the plan they were measured under, for read_result."""
     (run / RESULT_FILE).write_text(json.dumps({**plan, **figures}) + "\n")
