@@ -112,9 +112,20 @@ def prepared_data(tokenizer, source_names: list[str], log=print) -> Path:
     return folder
 
 
+def fetch_scoring_sets(log=print) -> None:
+    """The word-similarity sets the run scores at every evaluation; without them it trains on."""
+    from andrea.wordsim import fetch_wordsets
+
+    try:
+        fetch_wordsets(log=log)
+    except AndreaError as e:
+        log(f"note: training without word-similarity scores: {e}")
+
+
 def main_job_data(n_segments: int, log=print) -> tuple[list[str], object, Path, Path]:
     """Stages 1-3 of the main job: (source names, tokenizer, its folder, shard folder), cached."""
     names = list(fetch_default_corpus(log=log))
+    fetch_scoring_sets(log)
     tokenizer, tok_dir = prepared_tokenizer(n_segments, names, log)
     if tokenizer.n_segments != n_segments:
         raise AndreaError(f"the tokenizer found {tokenizer.n_segments:,} segments, the model needs {n_segments:,}.")

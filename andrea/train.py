@@ -19,6 +19,9 @@ A run folder holds:
   metrics.jsonl        one JSON line per step, per evaluation and per audit
   loss.png             the loss curves, redrawn at every evaluation
   curriculum.png       pulls, rewards and weights per source over time (with a curriculum)
+  embeddings/          snapshots of the embedding tables at steps 0, 1, 2, 4, … and at every
+                       evaluation (`andrea.growth`); with the word-similarity sets fetched, every
+                       evaluation also writes their scores to metrics.jsonl (`andrea.wordsim`)
   train.json           the settings of the run
   .lock                held by the running process: a second run in the same folder is refused
 Resuming restores model, optimizer, step, RNG and data position, curriculum and audit state, so
@@ -96,6 +99,7 @@ def _train(run: "Run", progress: bool, on_step) -> RunResult:
     bar = run.progress_bar() if progress and run.master else None
     say = log if bar is None else functools.partial(_write_beside, bar, log)
     last_eval, stopped = None, None
+    run.observe(evaluation=False)  # the snapshot of step 0: the tables as initialised
     with Signals(install=run.master or run.world == 1) as signals:
         try:
             while (stopped := run.reason_to_stop(signals.stop)) is None:
@@ -105,6 +109,7 @@ def _train(run: "Run", progress: bool, on_step) -> RunResult:
                 meter.count(state.step)
                 run.record_step(source, loss, lr, grad_norm, meter, bar)
                 with meter.paused():  # evaluation, audits and checkpoints do not count against tokens/s
+                    run.observe(evaluation=False)
                     if state.step % cfg.eval_every == 0:
                         last_eval = run.evaluate(say)
                         if cfg.patience and state.evals_since_best >= cfg.patience:
@@ -284,6 +289,7 @@ class Run:
         self.state = RunState(cfg, _make_curriculum(cfg, self.names), _make_auditor(cfg, data, self.tokenizer))
         if ckpt is not None:
             self.state.load_state_dict(ckpt.meta, self.out / "latest.safetensors")
+        self.growth, self.scorer = self._make_growth(ckpt)
         self.t_start = time.time()
         self.probe = tuple(t[:1] for t in data.val_windows(self.names[0], cfg.seq_len, 1))  # tests a state before it is saved
         self.proven_step = None  # the step whose state was last proven sound (best and latest share a proof)
@@ -325,6 +331,8 @@ class Run:
         loss_sum = torch.zeros((), device=self.device)
         for m in range(self.accum):
             x, y = self.data.windows(source, mine[m * self.micro : (m + 1) * self.micro], cfg.seq_len)
+            if self.growth is not None:
+                self.growth.count([x])
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             with self._grad_sync(last=m == self.accum - 1), self.autocast:
                 _, loss = self.forward(x, y)
@@ -395,6 +403,8 @@ class Run:
             except (ValueError, OSError) as e:
                 say(f"note: could not draw loss.png ({e})")
             self.plot_curriculum()
+            self.observe(evaluation=True)
+            self.score_similarity(step, say)
         best = self.master and result["all"]["loss"] < self.state.best_val_loss
         if self.any_rank(best):  # every process takes part in a save (FSDP gathers the state)
             self.state.best_val_loss = result["all"]["loss"] if result is not None else self.state.best_val_loss
@@ -427,6 +437,55 @@ class Run:
             dist.broadcast(t, 0)
             halt = bool(t.item())
         return halt
+
+    def observe(self, evaluation: bool) -> None:
+        """An embedding snapshot, when one is due at this step (see `andrea.growth`)."""
+        if self.growth is not None:
+            self.growth.take(self.state.step, self.model, evaluation)
+
+    def score_similarity(self, step: int, say) -> None:
+        """The word-similarity scores of both tables, into metrics.jsonl (see `andrea.wordsim`)."""
+        if self.scorer is None:
+            return
+        from andrea.wordsim import brief, model_tables, similarity
+
+        t0 = time.perf_counter()
+        index, sets = self.scorer
+        scores = brief(similarity(model_tables(self.model), index, sets))
+        self.growth.seconds += time.perf_counter() - t0
+        _append(self.metrics_path, {"step": step, "similarity": scores, "growth_seconds": round(self.growth.seconds, 3)})
+        s = scores["input_centred"]
+        say(f"step {step:,}: word similarity, input table centred: SimLex-999 ρ {_fmt_rho(s['simlex999'])}, "
+            f"WordSim-353 ρ {_fmt_rho(s['wordsim353'])}; cos cat·dog {s['cat_dog']:+.3f}, cat·Tuesday {s['cat_tuesday']:+.3f}")
+
+    def _make_growth(self, ckpt):
+        """The snapshot taker and the similarity scorer (index, sets) of this run, or None each."""
+        if not self.cfg.snapshots or not self.master or self.fsdp:
+            if self.cfg.snapshots and self.fsdp and self.master:
+                self.log("note: embedding snapshots are not taken under --fsdp (the tables are sharded).")
+            return None, None
+        from andrea.growth import Growth, choose_rows
+        from andrea.wordsim import try_load_wordsets, word_index
+
+        V, d = self.model_cfg.vocab_size, self.model_cfg.n_embd
+        sets = try_load_wordsets()
+        index = word_index(self.tokenizer, V, sets)
+        counts = None
+        if V * d > (1 << 20):  # a large table keeps its most frequent rows: count a sample of the tokens
+            counts = np.zeros(V, dtype=np.int64)
+            for src in self.data.sources.values():
+                counts += np.bincount(np.asarray(src.train[: 10_000_000]), minlength=V)[:V]
+        rows, dtype = choose_rows(V, d, counts, index.rows(), self.cfg.snapshot_rows)
+        growth = Growth(self.out, V, d, rows, dtype, self.cfg.recipe, self.log)
+        if ckpt is not None:
+            growth.load_state_dict(ckpt.meta.get("growth", {"evals_seen": 0, "evals_kept": 0, "seen_ids": [],
+                                                            "seen_counts": [], "last_step": None}),
+                                   self.state.step, self.out / "latest.safetensors")
+        else:
+            self.log(growth.describe())
+        if sets is None:
+            self.log("note: word-similarity scores are off: the sets are not fetched (`andrea data fetch wordsets`).")
+        return growth, ((index, sets) if sets is not None else None)
 
     def checkpoint(self, final: bool = False) -> Path | None:
         """Save latest.safetensors (best.safetensors is written by `evaluate`). Every process takes
@@ -461,6 +520,8 @@ class Run:
             return None
         meta = {**self.state.state_dict(self.elapsed()), "train": self.cfg.to_dict(), "tokenizer": self.tokenizer.to_dict(),
                 "data_fingerprint": self.data.manifest["tokenizer"]}
+        if self.growth is not None:
+            meta["growth"] = self.growth.state_dict()
         paths = [save_checkpoint(self.out / name, self.model_cfg, model_state, optim_state, meta) for name in names]
         if "latest.safetensors" in names:
             self.last_good = (self.out / "latest.safetensors", self.state.step)
@@ -769,6 +830,10 @@ def _batch_split(cfg: TrainConfig, world: int) -> tuple[int, int, int]:
     if per_rank % micro:
         raise AndreaError(f"the per-process batch {per_rank} is not a multiple of micro_batch {micro}.")
     return per_rank, micro, per_rank // micro
+
+
+def _fmt_rho(rho) -> str:
+    return "n/a" if rho is None else f"{rho:+.3f}"
 
 
 def _fmt_time(seconds: float) -> str:

@@ -218,6 +218,10 @@ class TrainConfig:
                             "validation loss (0: never)")
     checkpoint_every: int = setting(100, positive_int, "steps between checkpoints")
     smma_window: int = setting(100, positive_int, "window of the smoothed (SMMA) training loss")
+    snapshots: bool = setting(True, boolean, "keep snapshots of the embedding tables in embeddings/ (steps 0, 1, 2, "
+                              "4, … and every evaluation) and score word similarity at every evaluation")
+    snapshot_rows: int = setting(2048, _int_at_least(1, 1 << 20), "rows kept per snapshot of a large table (V·d over "
+                                 "2^20): the most frequent tokens, plus every token of the similarity sets")
     seed: int = setting(1337, seed_int, "seed of weights, data order and curriculum")
     # how it runs
     compile: bool = setting(False, boolean, "torch.compile the model (GPU)")

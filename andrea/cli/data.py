@@ -9,11 +9,19 @@ def cmd_data_fetch(args) -> int:
     from andrea.corpus import EXTENDED_SOURCES, GENRE_SOURCES, SOURCES, fetch_default_corpus, fetch_source, source_meta
     from andrea.errors import AndreaError
 
+    if "wordsets" in args.sources:
+        from andrea.wordsim import fetch_wordsets
+
+        path = fetch_wordsets()
+        print(f"{'wordsets':<12} SimLex-999, WordSim-353, Google analogies  {path}")
+        args.sources = [n for n in args.sources if n != "wordsets"]
+        if not args.sources:
+            return 0
     if args.sources:
         known = {**SOURCES, **EXTENDED_SOURCES, **GENRE_SOURCES}
         unknown = [n for n in args.sources if n not in known]
         if unknown:
-            raise AndreaError(f"no source is called {unknown[0]}; known: {', '.join(known)}.")
+            raise AndreaError(f"no source is called {unknown[0]}; known: {', '.join(known)}, wordsets.")
         got = {}
         for name in args.sources:
             try:
@@ -42,11 +50,18 @@ def cmd_data_list(args) -> int:
             meta = source_meta(path) if (path / "meta.json").exists() else None
             rows.append({"name": name, "set": group, "description": source.description, "package": source.package,
                          "sha256": source.sha256, "licence": source.licence, "fetched": meta is not None, "meta": meta})
+    from andrea.wordsim import WORDSETS_LICENCE, WORDSETS_SHA256, WORDSETS_WHEEL, wordsets_dir
+
+    fetched = (wordsets_dir() / "meta.json").exists()
+    rows.append({"name": "wordsets", "set": "eval", "description": "word similarity: SimLex-999, WordSim-353, "
+                 "Google analogies", "package": WORDSETS_WHEEL, "sha256": WORDSETS_SHA256, "licence": WORDSETS_LICENCE,
+                 "fetched": fetched, "meta": None})
     if args.json:
         print_json(rows)
         return 0
     for r in rows:
-        state = f"{r['meta']['train_bytes'] + r['meta']['val_bytes']:>12,} bytes" if r["fetched"] else "not fetched"
+        state = "not fetched" if not r["fetched"] else "fetched" if r["meta"] is None else \
+            f"{r['meta']['train_bytes'] + r['meta']['val_bytes']:>12,} bytes"
         print(f"{r['name']:<14} {r['set']:<9} {r['description']:<55} {r['package']:<34} {state}")
     return 0
 
@@ -60,8 +75,9 @@ def register(sub) -> None:
                                     "~/.cache/andrea/corpus (or $ANDREA_CACHE). Cached sources are not fetched again. "
                                     "`andrea data list` names the sources: the default corpus, the extended set "
                                     "(--extended: five more public-domain English Bible translations, asv, web, ylt, "
-                                    "darby, webster; about 21 MB) and other genres (gcide, sqlite-doc, sqlite-source, "
-                                    "factbook).")
+                                    "darby, webster; about 21 MB), other genres (gcide, sqlite-doc, sqlite-source, "
+                                    "factbook) and `wordsets`, the word-similarity sets the similarity scores use "
+                                    "(SimLex-999, WordSim-353 and the Google analogies, from gensim 4.4.0's wheel).")
     f.add_argument("sources", nargs="*", metavar="SOURCE", help="sources to fetch (default: the default corpus)")
     f.add_argument("--extended", action="store_true", help="with the default corpus, also fetch the extended sources")
     f.set_defaults(func=cmd_data_fetch)

@@ -486,6 +486,9 @@ def register(sub) -> None:
     e.add_argument("--projector", required=True, metavar="DIR", help="the folder to write the two files to")
     e.add_argument("--table", choices=["input", "output"], default="input", help="input (default) or output")
     e.set_defaults(func=cmd_export)
+    from andrea.cli.growth import register_embed
+
+    register_embed(esub, common)
 
     x = sub.add_parser("experiment", help="experiments that train several small models and compare them")
     xsub = x.add_subparsers(dest="experiment_command", metavar="EXPERIMENT", required=True)

@@ -1,0 +1,146 @@
+"""`andrea embed similarity` (the standard scores) and `andrea embed timeline` (the tables learning)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from andrea.cli.common import print_json
+
+TABLE_NAMES = {"input": "input table (wte)", "output": "output head (lm_head)", "ppmi": "PPMI + SVD reference"}
+
+
+def _rho(s: dict) -> str:
+    if s["n"] < 3 or not math.isfinite(s["rho"]):
+        return f"{'n/a':>7} (n {s['n']:>4})"
+    return f"{s['rho']:+.3f} ± {s['null']:.3f} (n {s['n']:>4})"
+
+
+def _data_dir(args, checkpoint: Path) -> Path:
+    """--data, else the data folder the run recorded in its train.json."""
+    import json
+
+    from andrea.errors import AndreaError
+
+    if args.data:
+        return Path(args.data)
+    run = checkpoint if checkpoint.is_dir() else checkpoint.parent
+    try:
+        return Path(json.loads((run / "train.json").read_text())["data"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise AndreaError(f"{run} has no train.json naming its data; give --data DIR for the PPMI reference.") from None
+
+
+def cmd_similarity(args) -> int:
+    from andrea.data import TokenData
+    from andrea.lab import load_subject
+    from andrea.wordsim import load_wordsets, model_tables, ppmi_vectors, similarity, train_token_chunks, word_index
+
+    subject = load_subject(args.checkpoint)
+    model, tok = subject.model, subject.tokenizer
+    V, d = model.config.vocab_size, model.config.n_embd
+    sets = load_wordsets()
+    index = word_index(tok, V, sets)
+    tables = model_tables(model)
+    if args.ppmi:
+        data = TokenData(_data_dir(args, Path(args.checkpoint)))
+        tables["ppmi"] = ppmi_vectors(train_token_chunks(data), V, d)
+    report = similarity(tables, index, sets, analogies=not args.no_analogies).to_dict()
+    report["model"] = subject.name
+    if args.json:
+        print_json(report)
+        return 0
+    print_report(report)
+    return 0
+
+
+def print_report(r: dict) -> None:
+    print(f"model: {r.get('model', '')}  (d {r['d']}; random rows at init: cos θ 0 ± {r['init_band']:.3f})")
+    for name, c in r["coverage"].items():
+        print(f"{name}: {c['pairs']} pairs, {c['single_token_pairs']} of them single tokens; {c['single_token_words']} of "
+              f"{c['words']} words ({100 * c['single_token_words'] / max(c['words'], 1):.0f}%) single tokens in their "
+              f"word-initial form")
+    print("forms: " + ", ".join(f"{w} = {' + '.join(p.replace(' ', '␣') for p in ps)}" for w, ps in r["forms"].items()))
+    for table, parts in r["tables"].items():
+        print(f"\n{TABLE_NAMES.get(table, table)}")
+        for how, s in parts.items():
+            print(f"  {how}: mean cos θ between rows {s['mean_cos']:+.4f}")
+            for name in ("simlex999", "wordsim353"):
+                if name in s:
+                    print(f"    {name:<11} ρ single tokens {_rho(s[name]['single'])}   mean-of-pieces "
+                          f"{_rho(s[name]['pieces'])}   all {_rho(s[name]['all'])}")
+            if "analogies" in s:
+                a = s["analogies"]
+                acc = "n/a" if not math.isfinite(a["accuracy"]) else f"{100 * a['accuracy']:.1f}%"
+                print(f"    analogies   3CosAdd {acc} of {a['n']} single-token questions "
+                      f"({a['candidates']} whole-word candidates; chance {100 / max(a['candidates'], 1):.2f}%)")
+            lesson = "  ".join(f"{k} {v['cos']:+.3f}" for k, v in s["lesson"].items())
+            print(f"    lesson      cos θ {lesson}")
+
+
+def cmd_timeline(args) -> int:
+    from andrea.errors import AndreaError
+    from andrea.timeline import Timeline, pair_series, rho_series
+    from andrea.wordsim import try_load_wordsets
+
+    if len(args.words) < 2:
+        raise AndreaError("give at least two words: the first is compared with each of the others.")
+    tl = Timeline(args.checkpoint)
+    pairs = [(args.words[0], w) for w in args.words[1:]]
+    ps = pair_series(tl, pairs, args.table, centre=not args.raw)
+    sets = try_load_wordsets()
+    rs = rho_series(tl, sets, args.table, centre=not args.raw) if sets is not None else None
+    index = tl.index(args.words)
+    seen = {w: [] for w in args.words}
+    for step in tl.steps:
+        snap = tl.snapshot(step)
+        for w in args.words:
+            seen[w].append(int(sum(int(snap.seen[tl.position[i]]) for i in index.ids[w])))
+    if args.json:
+        print_json({"pairs": ps, "rho": rs, "seen": seen, "steps": tl.steps})
+        return 0
+    how = "raw" if args.raw else "centred"
+    print(f"run: {tl.dir}  ({TABLE_NAMES[args.table]}, {how}; random rows: cos θ 0 ± {ps['band']:.3f})")
+    print("forms: " + ", ".join(f"{w} = {' + '.join(p.replace(' ', '␣') for p in f)}" for w, f in ps["forms"].items()))
+    head = ["step"] + [f"cos {k}" for k in ps["series"]]
+    if rs is not None:
+        head += [f"ρ {n} (n {s['n']})" for n, s in rs["sets"].items()]
+    head += [f"seen {w}" for w in args.words]
+    print("  ".join(f"{h:>14}" for h in head))
+    for i, step in enumerate(tl.steps):
+        cells = [f"{step:>14,}"] + [f"{v[i]:>+14.3f}" for v in ps["series"].values()]
+        if rs is not None:
+            cells += [f"{s['rho'][i]:>+14.3f}" if math.isfinite(s["rho"][i]) else f"{'n/a':>14}" for s in rs["sets"].values()]
+        cells += [f"{seen[w][i]:>14,}" for w in args.words]
+        print("  ".join(cells))
+    print("seen: in how many steps' batches the word's tokens were since the snapshot before.")
+    return 0
+
+
+def register_embed(esub, common) -> None:
+    """Add `similarity` and `timeline` to `andrea embed`."""
+    s = esub.add_parser("similarity", parents=[common], help="word similarity scores: SimLex-999 and WordSim-353 ρ, "
+                        "analogies, mean cosine, the lesson's pairs; optionally beside a PPMI reference",
+                        description="Score the input table (wte) and the output head (lm_head), raw and with their "
+                                    "mean row subtracted: Spearman ρ of cosine against human ratings on SimLex-999 "
+                                    "and WordSim-353 (single-token pairs and mean-of-pieces pairs apart, with n and the "
+                                    "null spread 1/√(n−1)), 3CosAdd accuracy on the Google analogies whose words are "
+                                    "single tokens, the mean cosine between rows (against ±1/√d at initialisation), "
+                                    "and the lesson's cat·dog against cat·Tuesday. Needs `andrea data fetch wordsets`.")
+    s.add_argument("--ppmi", action="store_true", help="also score PPMI-weighted co-occurrence counts (±2 tokens, SVD "
+                                                       "to d dimensions) of the run's training tokens")
+    s.add_argument("--data", metavar="DIR", help="the data folder for --ppmi (default: the one the run trained on)")
+    s.add_argument("--no-analogies", action="store_true", help="skip the analogy questions")
+    s.set_defaults(func=cmd_similarity)
+    t = esub.add_parser("timeline", parents=[common], help="the embedding table learning: cos θ of word pairs, ρ and "
+                        "how often each word was seen, at every snapshot of a run",
+                        description="Read the snapshots a run kept in embeddings/ (steps 0, 1, 2, 4, … and every "
+                                    "evaluation) and print, per step, cos θ of the first word with each other word, "
+                                    "Spearman ρ on SimLex-999 and WordSim-353 (when fetched), and in how many steps' "
+                                    "batches each word was seen since the snapshot before. "
+                                    "Example: andrea embed timeline --checkpoint runs/a cat dog Tuesday")
+    t.add_argument("words", nargs="+", metavar="WORD", help="words in their word-initial form; the first is compared "
+                                                             "with each of the others")
+    t.add_argument("--table", choices=["input", "output"], default="input", help="input (default) or output")
+    t.add_argument("--raw", action="store_true", help="cosines of the raw table (default: centred on its mean row)")
+    t.set_defaults(func=cmd_timeline)

@@ -1,0 +1,240 @@
+"""The embedding tables while they learn: snapshots written beside the training loop.
+
+A run keeps in `embeddings/` of its folder one safetensors file per snapshot,
+`step-00000128.safetensors`, each written to a temporary file and renamed, so a crash leaves every
+earlier snapshot whole. Snapshots are taken at step 0 (the random initialisation), at steps 1, 2,
+4, 8, … (log-spaced, where a table changes most), and at every evaluation; once 48 evaluations
+have been kept, at every 2nd, after 48 more every 4th, and so on, so a long run's folder grows
+with the logarithm of its length.
+
+What a snapshot holds. `rows`: the token ids kept. A small table (V·d ≤ 2²⁰ values) is kept
+whole in float32; a larger one keeps the `snapshot_rows` most frequent tokens of the training
+data plus every token of the word-similarity sets and the lesson's words, in float16 (the disk
+cost is printed when the run starts). `input` and `output`: those rows of wte and lm_head.
+`input_mean`, `output_mean`: the mean row of the whole table (to centre with). `seen`: in how many
+steps' batches each token occurred since the previous snapshot (under torchrun, in the batches of
+the processes together: a step counts once per process whose share held it). `input_moved`,
+`output_moved`: ‖Δ‖ of each row since the previous snapshot, and `input_angle`, `output_angle`
+the angle in degrees between the row then and now (both computed from the stored values, so a
+resumed run computes exactly what an uninterrupted one would). The metadata names the step, the
+previous snapshot's step, V, d, the recipe and each table's exact mean pairwise cosine.
+
+State. What a checkpoint must carry to resume this exactly (the counts since the last snapshot,
+that snapshot's step, how many evaluations were seen and kept) is `state_dict()`; on `--resume`
+snapshots written after the checkpoint's step belong to a continuation that was lost and are
+removed, and the last one kept is read back as the base of the next ‖Δ‖.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from andrea.errors import AndreaError
+from andrea.files import atomic_output
+from andrea.wordsim import mean_pairwise_cosine
+
+FOLDER = "embeddings"
+WHOLE_LIMIT = 1 << 20  # values of one table kept whole in float32
+EVALS_PER_STRIDE = 48
+TABLES = ("input", "output")
+_NAME = re.compile(r"step-(\d{8})\.safetensors")
+
+
+def snapshot_path(run_dir, step: int) -> Path:
+    return Path(run_dir) / FOLDER / f"step-{step:08d}.safetensors"
+
+
+def snapshot_steps(run_dir) -> list[int]:
+    folder = Path(run_dir) / FOLDER
+    if not folder.is_dir():
+        return []
+    return sorted(int(m.group(1)) for p in folder.iterdir() if (m := _NAME.fullmatch(p.name)))
+
+
+def is_log_step(step: int) -> bool:
+    return step == 0 or (step & (step - 1)) == 0
+
+
+def choose_rows(vocab_size: int, d: int, token_counts: np.ndarray | None, keep: np.ndarray, n_frequent: int):
+    """(rows, dtype): every row in float32 for a small table, else the most frequent tokens and
+    `keep` (the word sets' tokens) in float16."""
+    if vocab_size * d <= WHOLE_LIMIT:
+        return np.arange(vocab_size, dtype=np.int64), torch.float32
+    frequent = np.argsort(-token_counts, kind="stable")[:n_frequent] if token_counts is not None else np.arange(0)
+    rows = np.union1d(frequent, keep[keep < vocab_size]).astype(np.int64)
+    return rows, torch.float16
+
+
+class Growth:
+    """Takes the snapshots of one run (on the main process; see the module docstring)."""
+
+    def __init__(self, run_dir, vocab_size: int, d: int, rows: np.ndarray, dtype, recipe: str, log=print):
+        self.dir = Path(run_dir) / FOLDER
+        self.V, self.d, self.rows, self.dtype, self.recipe = vocab_size, d, rows, dtype, recipe
+        self.rows_t = torch.from_numpy(rows)
+        self.seen = torch.zeros(vocab_size, dtype=torch.int64)
+        self.last_step: int | None = None
+        self.evals_seen = self.evals_kept = 0
+        self.previous: dict[str, torch.Tensor] | None = None
+        self.seconds = 0.0  # time spent here and in the similarity scores: what this costs a run
+        self.log = log
+
+    def bytes_per_snapshot(self) -> int:
+        per_value = 4 if self.dtype == torch.float32 else 2
+        return len(self.rows) * (2 * self.d * per_value + 4 * 5 + 8) + 2 * self.d * 4
+
+    def describe(self) -> str:
+        what = "whole tables, float32" if len(self.rows) == self.V else f"{len(self.rows):,} rows of {self.V:,}, float16"
+        return (f"embedding snapshots: {what}, {self.bytes_per_snapshot() / 1e6:.1f} MB each, at steps 0, 1, 2, 4, … "
+                f"and every evaluation, into {self.dir}")
+
+    # ---- counting, each step
+
+    def count(self, batches) -> None:
+        """Count one step: `batches` are the id tensors the step trained on (its micro-batches)."""
+        t0 = time.perf_counter()
+        present = torch.zeros(self.V, dtype=torch.bool)
+        for x in batches:
+            present[x.reshape(-1).cpu()] = True
+        self.seen += present
+        self.seconds += time.perf_counter() - t0
+
+    def due(self, step: int, evaluation: bool) -> bool:
+        if step == self.last_step:
+            return False
+        if is_log_step(step):
+            return True
+        if not evaluation:
+            return False
+        return self.evals_seen % (2 ** (self.evals_kept // EVALS_PER_STRIDE)) == 0
+
+    # ---- a snapshot
+
+    def take(self, step: int, model, evaluation: bool = False, seen: torch.Tensor | None = None) -> Path | None:
+        """Write the snapshot of `step` if one is due; `seen` overrides the local counts (the sum
+        over processes)."""
+        if evaluation:
+            self.evals_seen += 1
+        if not self.due(step, evaluation):
+            return None
+        t0 = time.perf_counter()
+        if evaluation and not is_log_step(step):
+            self.evals_kept += 1
+        seen = self.seen if seen is None else seen
+        tensors, means = {"rows": self.rows_t.clone(), "seen": seen[self.rows_t].to(torch.int32)}, {}
+        current = {}
+        for name, w in (("input", model.wte.weight), ("output", model.lm_head.weight)):
+            full = w.detach().float().cpu()
+            means[name] = mean_pairwise_cosine(full.numpy())
+            tensors[f"{name}_mean"] = full.mean(dim=0)
+            current[name] = full[self.rows_t].to(self.dtype).contiguous()
+            tensors[name] = current[name]
+            now = current[name].float()
+            if self.previous is None:
+                moved = torch.zeros(len(self.rows))
+                angle = torch.zeros(len(self.rows))
+            else:
+                before = self.previous[name].float()
+                moved = (now - before).norm(dim=1)
+                cos = torch.nn.functional.cosine_similarity(now, before, dim=1, eps=1e-30).clamp(-1, 1)
+                angle = torch.rad2deg(torch.arccos(cos))
+            tensors[f"{name}_moved"], tensors[f"{name}_angle"] = moved, angle
+        meta = {"step": step, "previous": self.last_step, "vocab_size": self.V, "d": self.d, "recipe": self.recipe,
+                "evaluation": evaluation, "mean_cos": means, "whole": len(self.rows) == self.V}
+        self.dir.mkdir(parents=True, exist_ok=True)
+        path = snapshot_path(self.dir.parent, step)
+        with atomic_output(path) as tmp:
+            save_file(tensors, str(tmp), metadata={"andrea.growth": json.dumps(meta)})
+        self.previous, self.last_step = current, step
+        self.seen.zero_()
+        self.seconds += time.perf_counter() - t0
+        return path
+
+    # ---- resume
+
+    def state_dict(self) -> dict:
+        nz = torch.nonzero(self.seen).ravel()
+        return {"last_step": self.last_step, "evals_seen": self.evals_seen, "evals_kept": self.evals_kept,
+                "seen_ids": nz.tolist(), "seen_counts": self.seen[nz].tolist(), "rows": len(self.rows)}
+
+    def load_state_dict(self, d, step: int, where) -> None:
+        """Restore from a checkpoint's metadata (checked first), drop the snapshots after `step`,
+        and read the last one kept back as the base of the next ‖Δ‖."""
+        def bad(field):
+            raise AndreaError(f"{where}: its run state field 'growth.{field}' is damaged.")
+
+        if not isinstance(d, dict):
+            bad("(the whole record)")
+        last, seen_ids, seen_counts = d.get("last_step"), d.get("seen_ids"), d.get("seen_counts")
+        if last is not None and (not _count(last) or last > step):
+            bad("last_step")
+        for key in ("evals_seen", "evals_kept"):
+            if not _count(d.get(key)):
+                bad(key)
+        if not isinstance(seen_ids, list) or not isinstance(seen_counts, list) or len(seen_ids) != len(seen_counts):
+            bad("seen_ids")
+        if not all(_count(i) and i < self.V for i in seen_ids) or not all(_count(c) and c <= step for c in seen_counts):
+            bad("seen_counts")
+        for later in [s for s in snapshot_steps(self.dir.parent) if s > step]:
+            snapshot_path(self.dir.parent, later).unlink()
+        previous = None
+        if last is not None:
+            path = snapshot_path(self.dir.parent, last)
+            try:
+                snap = read_snapshot(path)
+            except (AndreaError, OSError):
+                raise AndreaError(f"{where}: the embedding snapshot of step {last} ({path}) it builds on is missing "
+                                  f"or damaged; resume with --no-snapshots, or start the run anew.") from None
+            if not torch.equal(snap.rows, self.rows_t):
+                raise AndreaError(f"{path} keeps other rows than this run would; resume with --no-snapshots.")
+            previous = {name: snap.tables[name] for name in TABLES}
+        self.seen.zero_()
+        self.seen[torch.tensor(seen_ids, dtype=torch.int64)] = torch.tensor(seen_counts, dtype=torch.int64)
+        self.last_step, self.previous = last, previous
+        self.evals_seen, self.evals_kept = d["evals_seen"], d["evals_kept"]
+
+
+def _count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**62
+
+
+class Snapshot:
+    """One snapshot file, read back (see the module docstring for its fields)."""
+
+    def __init__(self, meta: dict, tensors: dict[str, torch.Tensor]):
+        self.meta, self.step = meta, meta["step"]
+        self.rows = tensors["rows"]
+        self.seen = tensors["seen"]
+        self.tables = {name: tensors[name] for name in TABLES}
+        self.means = {name: tensors[f"{name}_mean"] for name in TABLES}
+        self.moved = {name: tensors[f"{name}_moved"] for name in TABLES}
+        self.angle = {name: tensors[f"{name}_angle"] for name in TABLES}
+
+
+def read_snapshot(path) -> Snapshot:
+    path = Path(path)
+    try:
+        with safe_open(str(path), "pt") as f:
+            meta = json.loads((f.metadata() or {})["andrea.growth"])
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+    except (KeyError, ValueError, OSError, RuntimeError) as e:
+        raise AndreaError(f"{path} is not an embedding snapshot ({str(e)[:80]}).") from None
+    need = {"rows", "seen"} | {f"{t}{s}" for t in TABLES for s in ("", "_mean", "_moved", "_angle")}
+    if not isinstance(meta, dict) or not need <= tensors.keys() or not _count(meta.get("step")):
+        raise AndreaError(f"{path} is not a whole embedding snapshot.")
+    n, d = len(tensors["rows"]), meta.get("d")
+    for t in TABLES:
+        if tensors[t].shape != (n, d) or not all(tensors[f"{t}{s}"].shape == (n,) for s in ("_moved", "_angle")):
+            raise AndreaError(f"{path} holds tables of the wrong shape.")
+        if not math.isfinite(float(tensors[t].float().abs().max())) if n else False:
+            raise AndreaError(f"{path} holds a table that is not finite.")
+    return Snapshot(meta, tensors)

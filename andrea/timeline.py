@@ -1,0 +1,226 @@
+"""The embedding tables over a run: what the snapshots of `andrea.growth` show, as plain data.
+
+Every function takes a `Timeline` (a run folder's snapshots and its tokenizer) and returns numbers
+and lists; `andrea embed timeline` prints them and the lab's Growth view draws them.
+
+    pair_series      cos θ of word pairs at every snapshot, with the table's mean cosine and the
+                     ±1/√d band of random rows (the init's spread: "nearly orthogonal" inside it)
+    rho_series       Spearman ρ on SimLex-999 and WordSim-353 at every snapshot
+    neighbours_at    a word's nearest rows at one snapshot
+    aligned_map      2-D positions of chosen words at every snapshot: each snapshot rotated onto
+                     the last by orthogonal Procrustes (so axes do not flip from step to step),
+                     then projected on the last snapshot's two principal axes
+    row_updates      for an interval of steps, per row: in how many steps' batches the token was,
+                     and how far its row moved, seen tokens apart from unseen ones, with why
+                     unseen rows moved (or did not) under the run's optimizer
+
+Words are looked up in their word-initial form (" cat"); a word of several tokens stands for the
+mean of their rows, and results say so. A snapshot of a large table keeps only some rows: a word
+whose tokens were not kept is reported as such.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from andrea.errors import AndreaError
+from andrea.growth import FOLDER, TABLES, read_snapshot, snapshot_path, snapshot_steps
+from andrea.wordsim import PAIR_SETS, WordIndex, spearman, word_index
+
+WHY_UNSEEN = {
+    "v1": "Adam: a token absent from a step's batch has a zero gradient, but its row still moves while Adam's "
+          "momentum from the steps that did see it decays (about 1/(1 − β1) = 10 steps); a row never seen stays put.",
+    "v2": "AdamW: rows of absent tokens move by momentum left from earlier batches, and decoupled weight decay "
+          "shrinks every row of the table at every step, seen or not.",
+    "v3": "recipe v3 trains the tables with AdamW: rows of absent tokens move by momentum left from earlier batches, "
+          "and decoupled weight decay shrinks every row at every step, seen or not.",
+    "output": "The output head is different: the softmax runs over the whole vocabulary, so every row of lm_head "
+              "gets a gradient at every step, whether its token was in the batch or not.",
+}
+
+
+class Timeline:
+    """The snapshots of one run folder, read on demand, with the tokenizer of its checkpoint."""
+
+    def __init__(self, run_dir, tokenizer=None):
+        run = Path(run_dir)
+        if run.is_file():
+            run = run.parent
+        self.dir = run
+        self.steps = snapshot_steps(run)
+        if not self.steps:
+            raise AndreaError(f"{run} holds no embedding snapshots ({FOLDER}/); train with snapshots on (the default) "
+                              f"to record them.")
+        if tokenizer is None:
+            from andrea.checkpoint import load_model
+
+            _, tokenizer, _ = load_model(run)
+        if tokenizer is None:
+            raise AndreaError(f"the checkpoint in {run} holds no tokenizer to look words up with.")
+        self.tokenizer = tokenizer
+        first = self.snapshot(self.steps[0])
+        self.V, self.d, self.recipe = first.meta["vocab_size"], first.meta["d"], first.meta.get("recipe", "v2")
+        self.rows = first.rows.numpy()
+        self.position = np.full(self.V, -1, dtype=np.int64)
+        self.position[self.rows] = np.arange(len(self.rows))
+
+    def snapshot(self, step: int):
+        return _read(str(snapshot_path(self.dir, step)))
+
+    def at(self, step: int) -> int:
+        """The snapshot step nearest to `step` at or before it (the first one before any)."""
+        before = [s for s in self.steps if s <= step]
+        return before[-1] if before else self.steps[0]
+
+    def matrix(self, step: int, table: str = "input", centre: bool = False) -> np.ndarray:
+        """A (V, d) float64 matrix of the kept rows (rows not kept are NaN), centred on request."""
+        if table not in TABLES:
+            raise AndreaError(f"the table must be one of {', '.join(TABLES)}, got {table!r}.")
+        snap = self.snapshot(step)
+        m = np.full((self.V, self.d), np.nan)
+        m[self.rows] = snap.tables[table].double().numpy()
+        if centre:
+            m -= snap.means[table].double().numpy()
+        return m
+
+    def index(self, words=(), sets=None) -> WordIndex:
+        return word_index(self.tokenizer, self.V, sets, extra=tuple(words))
+
+    def kept(self, index: WordIndex, word: str) -> bool:
+        return all(self.position[i] >= 0 for i in index.ids[word])
+
+
+@lru_cache(maxsize=64)
+def _read(path: str):
+    return read_snapshot(path)
+
+
+def _vec(m: np.ndarray, index: WordIndex, word: str) -> np.ndarray:
+    return m[index.ids[word]].mean(axis=0)
+
+
+def _cos(u: np.ndarray, v: np.ndarray) -> float:
+    nu, nv = float(np.linalg.norm(u)), float(np.linalg.norm(v))
+    return float(u @ v) / (nu * nv) if nu > 0 and nv > 0 and math.isfinite(nu * nv) else float("nan")
+
+
+def _check_words(tl: Timeline, index: WordIndex, words) -> None:
+    for w in words:
+        if not tl.kept(index, w):
+            raise AndreaError(f"the snapshots of {tl.dir} do not keep the rows of {w!r} (a large table keeps its most "
+                              f"frequent tokens and the similarity sets' words).")
+
+
+def forms(index: WordIndex, words) -> dict:
+    return {w: index.pieces[w] for w in words}
+
+
+def pair_series(tl: Timeline, pairs, table: str = "input", centre: bool = True) -> dict:
+    """cos θ of each pair (a, b) at every snapshot, with the table's mean pairwise cosine."""
+    words = sorted({w for p in pairs for w in p})
+    index = tl.index(words)
+    _check_words(tl, index, words)
+    series = {f"{a}·{b}": [] for a, b in pairs}
+    mean_cos = []
+    for step in tl.steps:
+        m = tl.matrix(step, table, centre)
+        for a, b in pairs:
+            series[f"{a}·{b}"].append(_cos(_vec(m, index, a), _vec(m, index, b)))
+        snap = tl.snapshot(step)
+        mean_cos.append(snap.meta.get("mean_cos", {}).get(table) if not centre else None)
+    return {"steps": tl.steps, "table": table, "centred": centre, "series": series, "forms": forms(index, words),
+            "band": 1 / math.sqrt(tl.d), "mean_cos": mean_cos}
+
+
+def rho_series(tl: Timeline, sets, table: str = "input", centre: bool = True) -> dict:
+    """Spearman ρ of cosine against the ratings of each set at every snapshot, over the pairs
+    whose words' rows are kept, with n and the null spread 1/√(n − 1)."""
+    index = tl.index((), sets)
+    out = {}
+    for name in PAIR_SETS:
+        pairs = [(a, b, r) for a, b, r in sets.pairs[name] if tl.kept(index, a) and tl.kept(index, b)]
+        out[name] = {"rho": [], "n": len(pairs), "null": 1 / math.sqrt(len(pairs) - 1) if len(pairs) > 1 else None}
+    for step in tl.steps:
+        m = tl.matrix(step, table, centre)
+        for name in PAIR_SETS:
+            pairs = [(a, b, r) for a, b, r in sets.pairs[name] if tl.kept(index, a) and tl.kept(index, b)]
+            cos = [_cos(_vec(m, index, a), _vec(m, index, b)) for a, b, _ in pairs]
+            cos = [0.0 if not math.isfinite(c) else c for c in cos]
+            out[name]["rho"].append(spearman(cos, [r for _, _, r in pairs]))
+    return {"steps": tl.steps, "table": table, "centred": centre, "sets": out}
+
+
+def neighbours_at(tl: Timeline, step: int, word: str, k: int = 10, table: str = "input", whole_words: bool = True) -> dict:
+    """The k kept rows nearest (cos θ) to a word at the snapshot at or before `step`."""
+    step = tl.at(step)
+    index = tl.index([word])
+    _check_words(tl, index, [word])
+    m = tl.matrix(step, table)
+    v = _vec(m, index, word)
+    cand = index.whole_words if whole_words else np.arange(tl.V)
+    cand = cand[tl.position[cand] >= 0]
+    cand = cand[~np.isin(cand, index.ids[word])]
+    rows = m[cand]
+    sims = rows @ v / np.maximum(np.linalg.norm(rows, axis=1) * np.linalg.norm(v), 1e-30)
+    top = np.argsort(-sims, kind="stable")[:k]
+    return {"step": step, "word": word, "form": index.pieces[word], "table": table,
+            "neighbours": [{"id": int(cand[i]), "piece": tl.tokenizer.id_to_piece(int(cand[i])), "cos": float(sims[i])}
+                           for i in top]}
+
+
+def _procrustes(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The rotation R minimising ‖a R − b‖ (orthogonal Procrustes, by SVD of aᵀb)."""
+    u, _, vt = np.linalg.svd(a.T @ b)
+    return u @ vt
+
+
+def aligned_map(tl: Timeline, words, table: str = "input") -> dict:
+    """2-D positions of `words` at every snapshot (see the module docstring)."""
+    index = tl.index(words)
+    _check_words(tl, index, words)
+    if len(words) < 3:
+        raise AndreaError("a map needs at least 3 words.")
+    mats = [np.stack([_vec(tl.matrix(s, table, centre=True), index, w) for w in words]) for s in tl.steps]
+    last = mats[-1] - mats[-1].mean(axis=0)
+    _, sv, vt = np.linalg.svd(last, full_matrices=False)
+    axes = vt[:2].T  # (d, 2): the last snapshot's principal axes
+    frames = []
+    for x in mats:
+        x = x - x.mean(axis=0)
+        scale = np.linalg.norm(last) / max(np.linalg.norm(x), 1e-30)  # an early table is smaller: show its shape
+        frames.append(((x * scale) @ _procrustes(x, last) @ axes).tolist())
+    explained = (sv[:2] ** 2 / max((sv ** 2).sum(), 1e-30)).tolist()
+    return {"steps": tl.steps, "words": list(words), "table": table, "frames": frames, "explained": explained,
+            "forms": forms(index, words)}
+
+
+def row_updates(tl: Timeline, start: int, end: int, table: str = "input") -> dict:
+    """How far each kept row moved between two snapshots, against in how many steps' batches its
+    token was in between: seen and unseen tokens apart, with the sentence that explains the unseen."""
+    a, b = tl.at(start), tl.at(end)
+    if b <= a:
+        later = [s for s in tl.steps if s > a]
+        if not later:
+            raise AndreaError(f"there is no snapshot after step {a} to compare it with.")
+        b = later[0]
+    seen = np.zeros(len(tl.rows), dtype=np.int64)
+    for s in tl.steps:
+        if a < s <= b:
+            seen += tl.snapshot(s).seen.numpy().astype(np.int64)
+    before = tl.snapshot(a).tables[table].double().numpy()
+    after = tl.snapshot(b).tables[table].double().numpy()
+    moved = np.linalg.norm(after - before, axis=1)
+    groups = {}
+    for name, mask in (("seen", seen > 0), ("unseen", seen == 0)):
+        m = moved[mask]
+        groups[name] = {"tokens": int(mask.sum()), "mean_moved": float(m.mean()) if len(m) else None,
+                        "median_moved": float(np.median(m)) if len(m) else None,
+                        "share_moved": float((m > 0).mean()) if len(m) else None}
+    why = WHY_UNSEEN["output"] if table == "output" else WHY_UNSEEN.get(tl.recipe, WHY_UNSEEN["v2"])
+    return {"start": a, "end": b, "steps": b - a, "table": table, "recipe": tl.recipe, "why": why, "groups": groups,
+            "rows": [{"id": int(i), "piece": tl.tokenizer.id_to_piece(int(i)), "seen": int(n), "moved": float(d)}
+                     for i, n, d in zip(tl.rows, seen, moved)]}
