@@ -226,7 +226,7 @@ def read_snapshot(path) -> Snapshot:
         with safe_open(str(path), "pt") as f:
             meta = json.loads((f.metadata() or {})["andrea.growth"])
             tensors = {k: f.get_tensor(k) for k in f.keys()}
-    except (KeyError, ValueError, OSError, RuntimeError) as e:
+    except Exception as e:  # safetensors' own error type, a missing key, bad JSON, an unreadable file
         raise AndreaError(f"{path} is not an embedding snapshot ({str(e)[:80]}).") from None
     need = {"rows", "seen"} | {f"{t}{s}" for t in TABLES for s in ("", "_mean", "_moved", "_angle")}
     if not isinstance(meta, dict) or not need <= tensors.keys() or not _count(meta.get("step")):

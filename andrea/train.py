@@ -329,15 +329,17 @@ class Run:
         offsets = self.data.sample_offsets(source, cfg.batch_size, cfg.seq_len, state.data_rng)
         mine = offsets[self.rank * self.per_rank : (self.rank + 1) * self.per_rank]
         loss_sum = torch.zeros((), device=self.device)
+        batches = []
         for m in range(self.accum):
             x, y = self.data.windows(source, mine[m * self.micro : (m + 1) * self.micro], cfg.seq_len)
-            if self.growth is not None:
-                self.growth.count([x])
+            batches.append(x)
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             with self._grad_sync(last=m == self.accum - 1), self.autocast:
                 _, loss = self.forward(x, y)
             (loss / self.accum).backward()
             loss_sum += loss.detach()
+        if self.growth is not None:
+            self.growth.count(batches)  # once per step: a token counts once however many micro-batches held it
         clip = cfg.recipe != "v1" and cfg.grad_clip > 0
         grad_norm = _clip(self.train_model, cfg.grad_clip, self.fsdp) if clip else None
         self.optimizer.step()

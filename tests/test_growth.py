@@ -1,0 +1,157 @@
+"""Embedding snapshots while training: when they are taken, what they hold, exact resume, the
+similarity scores in metrics.jsonl, the timeline read back, and damaged state refused."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from test_train import data_dir, opts, quiet, tiny_config  # noqa: F401  (data_dir is a fixture)
+
+from andrea.checkpoint import load_checkpoint, save_checkpoint
+from andrea.cli import main
+from andrea.errors import AndreaError
+from andrea.growth import choose_rows, is_log_step, read_snapshot, snapshot_path, snapshot_steps
+from andrea.timeline import Timeline, aligned_map, neighbours_at, pair_series, rho_series, row_updates
+from andrea.train import train
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+WORDS = ["cat", "dog", "pet", "mat", "kings", "queens", "owner", "ideas"]
+
+
+@pytest.fixture
+def wordsets(tmp_path, monkeypatch):
+    """Small sets in the published files' formats, in a cache of this test's own."""
+    root = tmp_path / "cache" / "wordsets"
+    root.mkdir(parents=True)
+    (root / "meta.json").write_text("{}")
+    (root / "simlex999.txt").write_text("# h\n" + "".join(f"{a}\t{b}\t{(i * 37) % 10}\n" for i, (a, b) in enumerate(
+        (a, b) for a in WORDS for b in WORDS if a < b)))
+    (root / "wordsim353.tsv").write_text("# h\ncat\tdog\t8\ncat\tmat\t2\nkings\tqueens\t9\nowner\tpet\t6\n")
+    (root / "questions-words.txt").write_text(": s\nkings queens cat dog\n")
+    monkeypatch.setenv("ANDREA_CACHE", str(tmp_path / "cache"))
+
+
+def snap(run, step):
+    return read_snapshot(snapshot_path(run, step))
+
+
+def test_snapshots_are_log_spaced_and_at_every_evaluation(data_dir, tmp_path, wordsets):
+    run = tmp_path / "r"
+    train(tiny_config(data_dir), opts(max_steps=12, eval_every=6), data_dir, run, log=quiet, progress=False)
+    assert snapshot_steps(run) == [0, 1, 2, 4, 6, 8, 12]
+    assert all(is_log_step(s) for s in (0, 1, 2, 4, 8, 1024)) and not is_log_step(6)
+    first, later = snap(run, 0), snap(run, 12)
+    assert first.meta["previous"] is None and later.meta["previous"] == 8
+    assert int(first.seen.sum()) == 0 and float(first.moved["input"].abs().sum()) == 0
+    V = tiny_config(data_dir).vocab_size
+    assert first.rows.tolist() == list(range(V)) and first.tables["input"].dtype == torch.float32
+    # ‖Δ‖ and the angle are those between the stored tables
+    a, b = snap(run, 8).tables["input"], later.tables["input"]
+    assert torch.allclose(later.moved["input"], (b - a).norm(dim=1), atol=1e-6)
+    cos = torch.nn.functional.cosine_similarity(a, b, dim=1).clamp(-1, 1)
+    assert torch.allclose(later.angle["input"], torch.rad2deg(torch.arccos(cos)), atol=1e-3)
+    # seen: at most one count per step, and the tokens of 4 steps' batches in (8, 12]
+    assert int(later.seen.max()) <= 4 and int((later.seen > 0).sum()) > 5
+    # the similarity scores go into metrics.jsonl at every evaluation
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    sims = [r for r in rows if "similarity" in r]
+    assert [r["step"] for r in sims] == [6, 12]
+    assert set(sims[0]["similarity"]) == {"input_raw", "input_centred", "output_raw", "output_centred"}
+    assert "simlex999" in sims[0]["similarity"]["input_centred"] and sims[-1]["growth_seconds"] > 0
+
+
+def test_resume_writes_exactly_the_snapshots_of_an_uninterrupted_run(data_dir, tmp_path):
+    cfg, o = tiny_config(data_dir), opts(max_steps=12, eval_every=6, checkpoint_every=3)
+    train(cfg, o, data_dir, tmp_path / "a", log=quiet, progress=False)
+    train(cfg, o, data_dir, tmp_path / "b", log=quiet, progress=False, on_step=lambda step, loss: step == 5)
+    # a snapshot written after the checkpoint it resumes from belongs to a lost continuation
+    assert 4 in snapshot_steps(tmp_path / "b")
+    load = load_checkpoint(tmp_path / "b" / "latest.safetensors")
+    assert load.step == 5 and load.meta["growth"]["last_step"] == 4
+    train(cfg, o, data_dir, tmp_path / "b", resume=True, log=quiet, progress=False)
+    assert snapshot_steps(tmp_path / "a") == snapshot_steps(tmp_path / "b")
+    for step in snapshot_steps(tmp_path / "a"):
+        x, y = snap(tmp_path / "a", step), snap(tmp_path / "b", step)
+        assert torch.equal(x.seen, y.seen), step
+        for t in ("input", "output"):
+            assert torch.equal(x.tables[t], y.tables[t]) and torch.equal(x.moved[t], y.moved[t]), (step, t)
+
+
+def test_under_adam_a_row_never_seen_stays_put_and_under_adamw_it_decays(data_dir, tmp_path):
+    """v1 (Adam, no decay): a token that was in no batch so far has zero gradient and zero
+    moments, so its row is exactly the initial one; v2 (AdamW, wte decayed) shrinks it."""
+    cfg = tiny_config(data_dir)
+    for recipe in ("v1", "v2"):
+        run = tmp_path / recipe
+        train(cfg, opts(recipe=recipe, max_steps=8, lr=1e-2), data_dir, run, log=quiet, progress=False)
+        total = torch.zeros(cfg.vocab_size, dtype=torch.int64)
+        start = snap(run, 0).tables["input"]
+        for step in snapshot_steps(run)[1:]:
+            s = snap(run, step)
+            total += s.seen.long()
+            never = total == 0
+            assert never.sum() > 0
+            moved_from_start = (s.tables["input"] - start).norm(dim=1)
+            if recipe == "v1":
+                assert float(moved_from_start[never].max()) == 0.0, step
+            else:
+                assert float(moved_from_start[never].min()) > 0.0, step
+                assert torch.all(s.tables["input"][never].norm(dim=1) < start[never].norm(dim=1))
+            assert float(moved_from_start[~never].min()) > 0.0
+            assert float(s.moved["output"].min()) > 0.0  # every head row gets a gradient every step
+
+
+def test_the_timeline_reads_the_run_back(data_dir, tmp_path, wordsets, capsys):
+    run = tmp_path / "r"
+    train(tiny_config(data_dir), opts(max_steps=8), data_dir, run, log=quiet, progress=False)
+    tl = Timeline(run)
+    ps = pair_series(tl, [("cat", "dog"), ("cat", "mat")])
+    assert ps["steps"] == tl.steps == [0, 1, 2, 4, 8] and len(ps["series"]["cat·dog"]) == 5
+    assert ps["band"] == pytest.approx(1 / math.sqrt(32))
+    from andrea.wordsim import load_wordsets
+
+    rs = rho_series(tl, load_wordsets())
+    assert rs["sets"]["simlex999"]["n"] == 28 and len(rs["sets"]["wordsim353"]["rho"]) == 5
+    nb = neighbours_at(tl, 5, "cat", k=3, whole_words=False)
+    assert nb["step"] == 4 and len(nb["neighbours"]) == 3
+    mp = aligned_map(tl, WORDS[:5])
+    assert len(mp["frames"]) == 5 and np.array(mp["frames"]).shape == (5, 5, 2)
+    upd = row_updates(tl, 4, 8)
+    assert upd["start"] == 4 and upd["end"] == 8 and upd["groups"]["seen"]["tokens"] > 0
+    assert "weight decay" in upd["why"] and len(upd["rows"]) == tiny_config(data_dir).vocab_size
+    assert main(["embed", "timeline", "--checkpoint", str(run), "cat", "dog", "mat"]) == 0
+    out = capsys.readouterr().out
+    assert "cos cat·dog" in out and "ρ simlex999" in out and len(out.splitlines()) >= 8
+
+
+def test_a_damaged_growth_state_is_one_sentence(data_dir, tmp_path):
+    cfg, o = tiny_config(data_dir), opts(max_steps=4)
+    run = tmp_path / "r"
+    train(cfg, o, data_dir, run, log=quiet, progress=False)
+    ck = load_checkpoint(run / "latest.safetensors")
+    ck.meta = {k: v for k, v in ck.meta.items() if not isinstance(v, torch.Tensor)}
+    for damage in ({"last_step": 99}, {"seen_ids": [10**9], "seen_counts": [1]}, {"evals_seen": -1}, "x"):
+        meta = dict(ck.meta)
+        meta["growth"] = {**ck.meta["growth"], **damage} if isinstance(damage, dict) else damage
+        save_checkpoint(run / "latest.safetensors", cfg, ck.model_state, ck.optim_state, meta)
+        with pytest.raises(AndreaError, match="growth"):
+            train(cfg, opts(max_steps=6), data_dir, run, resume=True, log=quiet, progress=False)
+    meta = dict(ck.meta)
+    save_checkpoint(run / "latest.safetensors", cfg, ck.model_state, ck.optim_state, meta)
+    snapshot_path(run, 4).write_bytes(b"not a snapshot")
+    with pytest.raises(AndreaError, match="snapshot of step 4"):
+        train(cfg, opts(max_steps=6), data_dir, run, resume=True, log=quiet, progress=False)
+
+
+def test_a_large_table_keeps_its_frequent_rows_and_the_word_sets_in_half_precision():
+    counts = np.zeros(8449, dtype=np.int64)
+    counts[[5, 900, 4000]] = [10, 30, 20]
+    rows, dtype = choose_rows(8449, 768, counts, np.array([7000, 900, 9999]), n_frequent=2)
+    assert dtype == torch.float16 and rows.tolist() == [900, 4000, 7000]
+    rows, dtype = choose_rows(2305, 256, None, np.array([1]), n_frequent=2)
+    assert dtype == torch.float32 and len(rows) == 2305
