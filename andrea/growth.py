@@ -3,9 +3,11 @@
 A run keeps in `embeddings/` of its folder one safetensors file per snapshot,
 `step-00000128.safetensors`, each written to a temporary file and renamed, so a crash leaves every
 earlier snapshot whole. Snapshots are taken at step 0 (the random initialisation), at steps 1, 2,
-4, 8, … (log-spaced, where a table changes most), and at every evaluation; once 48 evaluations
-have been kept, at every 2nd, after 48 more every 4th, and so on, so a long run's folder grows
-with the logarithm of its length.
+4, 8, … (log-spaced, where a table changes most), and at every evaluation; once K evaluations
+have been kept, at every 2nd, after K more every 4th, and so on, so a long run's folder grows
+with the logarithm of its length. K follows from the run's disk budget (`snapshot_mb`, 256 MB):
+an eighth of the snapshots the budget holds, between 2 and 48 (andrea-cpu: 6; andrea-120m: 3),
+so that even 1,000 evaluations stay within about the budget.
 
 What a snapshot holds. `rows`: the token ids kept. A small table (V·d ≤ 2²⁰ values) is kept
 whole in float32; a larger one keeps the `snapshot_rows` most frequent tokens of the training
@@ -44,7 +46,7 @@ from andrea.wordsim import mean_pairwise_cosine
 
 FOLDER = "embeddings"
 WHOLE_LIMIT = 1 << 20  # values of one table kept whole in float32
-EVALS_PER_STRIDE = 48
+MAX_EVALS_PER_STRIDE = 48
 TABLES = ("input", "output")
 _NAME = re.compile(r"step-(\d{8})\.safetensors")
 
@@ -77,9 +79,12 @@ def choose_rows(vocab_size: int, d: int, token_counts: np.ndarray | None, keep: 
 class Growth:
     """Takes the snapshots of one run (on the main process; see the module docstring)."""
 
-    def __init__(self, run_dir, vocab_size: int, d: int, rows: np.ndarray, dtype, recipe: str, log=print):
+    def __init__(self, run_dir, vocab_size: int, d: int, rows: np.ndarray, dtype, recipe: str, log=print,
+                 budget_mb: float = 256.0):
         self.dir = Path(run_dir) / FOLDER
         self.V, self.d, self.rows, self.dtype, self.recipe = vocab_size, d, rows, dtype, recipe
+        fits = budget_mb * 1e6 / self.bytes_per_snapshot()
+        self.per_stride = int(min(MAX_EVALS_PER_STRIDE, max(2, fits // 8)))
         self.rows_t = torch.from_numpy(rows)
         self.seen = torch.zeros(vocab_size, dtype=torch.int64)
         self.last_step: int | None = None
@@ -94,8 +99,20 @@ class Growth:
 
     def describe(self) -> str:
         what = "whole tables, float32" if len(self.rows) == self.V else f"{len(self.rows):,} rows of {self.V:,}, float16"
+        n = self.expected_snapshots(1000, 100_000)
         return (f"embedding snapshots: {what}, {self.bytes_per_snapshot() / 1e6:.1f} MB each, at steps 0, 1, 2, 4, … "
-                f"and every evaluation, into {self.dir}")
+                f"and every evaluation (every 2nd after {self.per_stride} kept, and so on), into {self.dir}; "
+                f"a run of 1,000 evaluations in 100,000 steps would keep {n} ({n * self.bytes_per_snapshot() / 1e6:,.0f} MB)")
+
+    def expected_snapshots(self, evaluations: int, steps: int) -> int:
+        """How many snapshots a run of `steps` steps evaluated `evaluations` times (evenly) keeps."""
+        kept, seen = 0, 0
+        every = max(1, steps // max(evaluations, 1))
+        for e in range(1, evaluations + 1):
+            seen += 1
+            if not is_log_step(e * every) and seen % (2 ** (kept // self.per_stride)) == 0:
+                kept += 1
+        return kept + 2 + int(math.log2(max(steps, 1)))
 
     # ---- counting, each step
 
@@ -115,7 +132,7 @@ class Growth:
             return True
         if not evaluation:
             return False
-        return self.evals_seen % (2 ** (self.evals_kept // EVALS_PER_STRIDE)) == 0
+        return self.evals_seen % (2 ** (self.evals_kept // self.per_stride)) == 0
 
     # ---- a snapshot
 

@@ -44,6 +44,7 @@ SHAPES = {
 class MainJob:
     preset: str | None = None  # None: the shape of SHAPES for the device it runs on
     minutes: float = 15.0
+    steps: int | None = None  # a step budget instead of minutes: a model that does not depend on the machine's speed
     out: Path | None = None
     sampling: str = "ucb"
     seed: int = 1337
@@ -145,10 +146,10 @@ def run_main_job(job: MainJob, log=print) -> dict:
     log("1/4 corpus, 2/4 tokenizer, 3/4 token shards (each cached after its first run)")
     names, tokenizer, tok_dir, data_dir = main_job_data(cfg.n_segments, log)
     out = Path(job.out) if job.out else Path("runs") / time.strftime("main-%Y%m%d-%H%M%S")
-    log(f"4/4 training {shape['preset']} at {shape['batch_size']} x {shape['seq_len']} for at most {job.minutes:g} "
-        f"minutes into {out}")
+    budget = f"{job.steps:,} steps" if job.steps else f"at most {job.minutes:g} minutes"
+    log(f"4/4 training {shape['preset']} at {shape['batch_size']} x {shape['seq_len']} for {budget} into {out}")
     opts = TrainConfig(**job.train_settings(), batch_size=shape["batch_size"], seq_len=min(shape["seq_len"], cfg.block_size),
-                       time_limit=job.minutes * 60, eval_every=shape["eval_every"], patience=shape["patience"],
+                       time_limit=None if job.steps else job.minutes * 60, max_steps=job.steps, eval_every=shape["eval_every"], patience=shape["patience"],
                        checkpoint_every=100, seed=job.seed, sampling=job.sampling, eval_windows=16,
                        audit={"enabled": False})
     result = train(cfg, opts, data_dir, out, log=log)

@@ -478,7 +478,7 @@ class Run:
             for src in self.data.sources.values():
                 counts += np.bincount(np.asarray(src.train[: 10_000_000]), minlength=V)[:V]
         rows, dtype = choose_rows(V, d, counts, index.rows(), self.cfg.snapshot_rows)
-        growth = Growth(self.out, V, d, rows, dtype, self.cfg.recipe, self.log)
+        growth = Growth(self.out, V, d, rows, dtype, self.cfg.recipe, self.log, self.cfg.snapshot_mb)
         if ckpt is not None:
             growth.load_state_dict(ckpt.meta.get("growth", {"evals_seen": 0, "evals_kept": 0, "seen_ids": [],
                                                             "seen_counts": [], "last_step": None}),

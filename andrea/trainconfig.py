@@ -222,6 +222,8 @@ class TrainConfig:
                               "4, … and every evaluation) and score word similarity at every evaluation")
     snapshot_rows: int = setting(2048, _int_at_least(1, 1 << 20), "rows kept per snapshot of a large table (V·d over "
                                  "2^20): the most frequent tokens, plus every token of the similarity sets")
+    snapshot_mb: float = setting(256.0, positive_number, "disk budget of the snapshots in MB: it sets after how many "
+                                 "kept evaluations their spacing doubles, so 1,000 evaluations stay within about it")
     seed: int = setting(1337, seed_int, "seed of weights, data order and curriculum")
     # how it runs
     compile: bool = setting(False, boolean, "torch.compile the model (GPU)")

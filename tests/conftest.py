@@ -59,3 +59,21 @@ def lab_checkpoint(tmp_path_factory):
     path = tmp_path_factory.mktemp("lab") / "lab.safetensors"
     save_checkpoint(path, cfg, model.state_dict(), meta={"step": 60, "tokenizer": tok.to_dict(), "loss": loss.item()})
     return path
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    """A prepared data folder of two synthetic sources (alpha, beta) and a 40-segment tokenizer,
+    for tiny training runs (tests/test_train.py, tests/test_growth.py)."""
+    from test_train import synthetic_text
+
+    from andrea.data import prepare
+    from andrea.tokenizer import HarrisTokenizer
+
+    root = tmp_path_factory.mktemp("train")
+    for name, seed in (("alpha", 1), ("beta", 2)):
+        (root / f"{name}.txt").write_text("\n\n".join(synthetic_text(seed, 60)))
+    tok = HarrisTokenizer.train(synthetic_text(3, 40), 40)
+    tok.save(root / "tok")
+    prepare(tok, [str(root / "alpha.txt"), str(root / "beta.txt")], root / "data", log=lambda *a: None)
+    return root / "data"

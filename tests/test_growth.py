@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from test_train import data_dir, opts, quiet, tiny_config  # noqa: F401  (data_dir is a fixture)
+from test_train import opts, quiet, tiny_config
 
 from andrea.checkpoint import load_checkpoint, save_checkpoint
 from andrea.cli import main

@@ -19,9 +19,8 @@ import torch
 from andrea.checkpoint import load_checkpoint
 from andrea.cli import main
 from andrea.config import ModelConfig
-from andrea.data import HEADER, TokenData, open_shard, prepare
+from andrea.data import HEADER, TokenData, open_shard
 from andrea.errors import AndreaError
-from andrea.tokenizer import HarrisTokenizer
 from andrea.train import train
 from andrea.trainconfig import TrainConfig
 
@@ -40,18 +39,6 @@ def synthetic_text(seed: int, n_docs: int, words_per_doc: int = 400) -> list[str
             n += k
         docs.append(" ".join(sentences))
     return docs
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("train")
-    for name, seed in (("alpha", 1), ("beta", 2)):
-        (root / f"{name}.txt").write_text("\n\n".join(synthetic_text(seed, 60)))
-    tok = HarrisTokenizer.train(synthetic_text(3, 40), 40)
-    tok_dir = root / "tok"
-    tok.save(tok_dir)
-    prepare(tok, [str(root / "alpha.txt"), str(root / "beta.txt")], root / "data", log=lambda *a: None)
-    return root / "data"
 
 
 def tiny_config(data_dir: Path, **changes) -> ModelConfig:

@@ -14,8 +14,19 @@ from scipy import sparse
 from andrea import wordsim
 from andrea.config import BOS, N_SPECIAL
 from andrea.errors import AndreaError
-from andrea.wordsim import (WordIndex, WordSets, analogy_accuracy, cooccurrence, mean_pairwise_cosine, pair_scores,
-                            parse_analogies, parse_pairs, ppmi, ppmi_vectors, similarity)
+from andrea.wordsim import (
+    WordIndex,
+    WordSets,
+    analogy_accuracy,
+    cooccurrence,
+    mean_pairwise_cosine,
+    pair_scores,
+    parse_analogies,
+    parse_pairs,
+    ppmi,
+    ppmi_vectors,
+    similarity,
+)
 
 
 def synthetic_index(n_words: int, pieces_every: int = 0) -> WordIndex:

@@ -7,7 +7,11 @@ from __future__ import annotations
 def cmd_main(args) -> int:
     from andrea.pipeline import MainJob, run_main_job
 
-    job = MainJob(preset=args.preset, minutes=args.minutes, out=args.out, sampling=args.sampling, seed=args.seed,
+    from andrea.errors import AndreaError
+
+    if args.steps is not None and args.steps < 1:
+        raise AndreaError(f"--steps must be at least 1, got {args.steps}.")
+    job = MainJob(preset=args.preset, minutes=args.minutes, steps=args.steps, out=args.out, sampling=args.sampling, seed=args.seed,
                   recipe=args.recipe)
     summary = run_main_job(job)
     print()
@@ -41,6 +45,8 @@ def register(sub) -> None:
     p.add_argument("--preset", help="model preset (default: andrea-cpu at 16 x 256 on a CPU; andrea-12m at 32 x 1024, "
                    "stopped when validation stops improving, on a CUDA GPU)")
     p.add_argument("--minutes", type=float, default=15.0, help="minutes of training (default 15)")
+    p.add_argument("--steps", type=int, help="train for this many steps instead of --minutes (a model that does not "
+                   "depend on the machine's speed or load; the v3 schedule then decays over steps)")
     p.add_argument("--out", help="the run folder (default runs/main-<date>-<time>)")
     p.add_argument("--sampling", default="ucb", choices=SAMPLING,
                    help="how each step's source is chosen (default: the UCB1 curriculum)")
