@@ -1,4 +1,5 @@
-"""`andrea embed ...` (look inside the embedding layer) and `andrea experiment positions`."""
+"""`andrea embed ...` (look inside the embedding layer), `andrea experiment positions` and
+`andrea experiment sparse-updates`."""
 
 from __future__ import annotations
 
@@ -377,6 +378,23 @@ def cmd_experiment_positions(args) -> int:
     return 0
 
 
+def cmd_experiment_sparse_updates(args) -> int:
+    import sys
+
+    from andrea.sparse_updates import SparseUpdatesExperiment, sparse_updates, write_results
+
+    exp = SparseUpdatesExperiment(data_dir=Path(args.data) if args.data else None, steps=args.steps, seed=args.seed)
+    summary = sparse_updates(exp, log=lambda msg: print(msg, file=sys.stderr))
+    result = write_results(summary, args.out)
+    if args.json:
+        print_json(summary)
+        return 0
+    print(result["markdown"])
+    print(f"table: {result['markdown_path']}")
+    print(f"picture: {result['png']}")
+    return 0
+
+
 # ---------------------------------------------------------------- registration
 
 
@@ -490,7 +508,11 @@ def register(sub) -> None:
 
     register_embed(esub, common)
 
-    x = sub.add_parser("experiment", help="experiments that train several small models and compare them")
+    _register_experiments(sub)
+
+
+def _register_experiments(sub) -> None:
+    x = sub.add_parser("experiment", help="experiments that train small models and compare them")
     xsub = x.add_subparsers(dest="experiment_command", metavar="EXPERIMENT", required=True)
     xp = xsub.add_parser("positions", help="learned vs sinusoidal vs rope vs no positions, on the same data",
                          description="Train four models that differ only in their position scheme on identical data, "
@@ -511,3 +533,19 @@ def register(sub) -> None:
     xp.add_argument("--no-progress", action="store_true", help="no progress bars")
     xp.add_argument("--json", action="store_true", help="machine-readable output")
     xp.set_defaults(func=cmd_experiment_positions)
+
+    xs = xsub.add_parser("sparse-updates", help="which rows of the embedding table move at a step whose batch lacks "
+                                                "their token, under SGD, Adam, AdamW and v3",
+                         description="Train the same small model on the same batches with SGD, Adam (v1), AdamW (v2) "
+                                     "and Muon + AdamW (v3); at every step measure how far the rows of wte moved for "
+                                     "tokens present in the batch and absent from it, and the share of lm_head rows "
+                                     "with a gradient. Writes sparse_updates.md, .json and .png to --out.")
+    xs.add_argument("--data", help="a folder made by `andrea prepare` (default: a small corpus of andrea's own "
+                                   "docstrings, made on the spot)")
+    xs.add_argument("--out", default="runs/sparse-updates", help="where to write the results "
+                                                                  "(default runs/sparse-updates)")
+    xs.add_argument("--steps", type=int, default=50, help="training steps per optimizer (default 50)")
+    xs.add_argument("--seed", type=int, default=1337, help="one seed for the batches and the initial weights "
+                                                           "(default 1337)")
+    xs.add_argument("--json", action="store_true", help="machine-readable output (every step's measurements)")
+    xs.set_defaults(func=cmd_experiment_sparse_updates)
