@@ -155,3 +155,27 @@ def test_a_large_table_keeps_its_frequent_rows_and_the_word_sets_in_half_precisi
     assert dtype == torch.float16 and rows.tolist() == [900, 4000, 7000]
     rows, dtype = choose_rows(2305, 256, None, np.array([1]), n_frequent=2)
     assert dtype == torch.float32 and len(rows) == 2305
+
+
+def test_embed_similarity_scores_a_run_beside_its_ppmi_reference(data_dir, tmp_path, wordsets, capsys):
+    run = tmp_path / "r"
+    train(tiny_config(data_dir), opts(max_steps=4), data_dir, run, log=quiet, progress=False)
+    assert main(["embed", "similarity", "--checkpoint", str(run), "--ppmi"]) == 0
+    out = capsys.readouterr().out
+    assert "PPMI + SVD reference" in out and "simlex999" in out and "cat·Tuesday" in out
+    assert main(["embed", "similarity", "--checkpoint", str(run), "--json", "--no-analogies"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert set(r["tables"]) == {"input", "output"} and r["coverage"]["simlex999"]["pairs"] == 28
+    assert "analogies" not in r["tables"]["input"]["raw"]
+    assert r["tables"]["input"]["raw"]["simlex999"]["all"]["null"] == pytest.approx(1 / math.sqrt(27))
+
+
+def test_embed_similarity_without_the_sets_says_how_to_fetch_them(data_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("ANDREA_CACHE", str(tmp_path / "empty"))
+    run = tmp_path / "r"
+    train(tiny_config(data_dir), opts(max_steps=2, snapshots=False), data_dir, run, log=quiet, progress=False)
+    assert not (run / "embeddings").exists()
+    assert main(["embed", "similarity", "--checkpoint", str(run)]) == 2
+    assert "andrea data fetch wordsets" in capsys.readouterr().err
+    assert main(["embed", "timeline", "--checkpoint", str(run), "cat", "dog"]) == 2
+    assert "no embedding snapshots" in capsys.readouterr().err
