@@ -5,9 +5,8 @@ from __future__ import annotations
 
 
 def cmd_main(args) -> int:
-    from andrea.pipeline import MainJob, run_main_job
-
     from andrea.errors import AndreaError
+    from andrea.pipeline import MainJob, run_main_job
 
     if args.steps is not None and args.steps < 1:
         raise AndreaError(f"--steps must be at least 1, got {args.steps}.")
