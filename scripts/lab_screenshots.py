@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 VIEWS = ("params", "token", "compare", "map", "positions", "attention", "lens", "generate", "growth")
-GROWTH_HEIGHT = 1320  # the Growth view's panels need a taller window than the others
+GROWTH_HEIGHT = 1600  # the Growth view's panels need a taller window than the others
 CHROMIUM = ("chromium", "chromium-browser", "google-chrome")
 DRIVER = ("chromedriver",)
 
@@ -139,6 +139,7 @@ def show_growth(driver, url: str, shoot) -> str:
     if result == "ready" and driver.find_element(By.ID, "growth-live").is_displayed():
         n = int(driver.find_element(By.ID, "growth-step").get_attribute("max")) + 1
         result = slide_to(driver, max(0, (2 * n) // 3 - 1))
+        driver.execute_script("document.activeElement.blur()")  # no focus ring on the slider
     size = driver.get_window_size()
     driver.set_window_size(size["width"], max(size["height"], GROWTH_HEIGHT))
     try:

@@ -85,7 +85,8 @@ class GrowthViews:
             return f"growth view: off; {self.note}"
         steps = self.timeline.steps
         sets = "" if self.sets is not None else f" ({HOW_TO_FETCH})"
-        return f"growth view: {len(steps)} embedding snapshots, steps {steps[0]:,} to {steps[-1]:,}{sets}"
+        n = f"{len(steps)} embedding snapshot{'s' if len(steps) > 1 else ''}"
+        return f"growth view: {n}, steps {steps[0]:,} to {steps[-1]:,}{sets}"
 
     def _live(self) -> Timeline:
         if self.timeline is None:

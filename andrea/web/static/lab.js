@@ -401,11 +401,19 @@ const stepX = (s) => (s > 0 ? s : 0.5);  // a log axis has no 0: step 0 (the ini
 const formText = (pieces) => (pieces.length === 1 ? show(pieces[0]) : `${pieces.map(show).join(" + ")} (mean of ${pieces.length} tokens)`);
 
 function stepAxis() {
-  const steps = G.info.steps, vals = steps.map(stepX);
-  const every = Math.max(1, Math.ceil(steps.length / 12));
-  const shown = steps.filter((_, i) => i % every === 0 || i === steps.length - 1);
-  return { type: "log", title: { text: "step (log scale; 0 is the initialisation)" }, tickvals: shown.map(stepX),
-    ticktext: shown.map((s) => s.toLocaleString("en")), range: [Math.log10(0.4), Math.log10(Math.max(...vals) * 1.15)] };
+  // ticks at snapshot steps at least a tenth of the axis apart (log scale), the last step always
+  const steps = G.info.steps, top = Math.log10(stepX(steps[steps.length - 1]) * 1.15), bottom = Math.log10(0.4);
+  const gap = (top - bottom) / 10, shown = [];
+  for (const s of steps) {
+    if (!shown.length || Math.log10(stepX(s)) - Math.log10(stepX(shown[shown.length - 1])) >= gap) shown.push(s);
+  }
+  const last = steps[steps.length - 1];
+  if (shown[shown.length - 1] !== last) {
+    if (shown.length > 1 && Math.log10(stepX(last)) - Math.log10(stepX(shown[shown.length - 1])) < gap) shown.pop();
+    shown.push(last);
+  }
+  return { type: "log", title: { text: "step (log scale; 0 is the initialisation)" }, tickvals: shown.map(stepX), tickangle: 0,
+    ticktext: shown.map((s) => s.toLocaleString("en")), range: [bottom, top] };
 }
 
 function growthStep() { return G.info.steps[+$("growth-step").value]; }
@@ -529,7 +537,7 @@ function drawUpdates(r) {
   });
   Plotly.react("growth-updates", traces, { margin: { l: 60, r: 10, t: 28, b: 44 }, font: FONT, hovermode: "closest",
     xaxis: { title: { text: `steps (of ${r.steps}) whose batch held the token` }, range: [-0.04 * r.steps - 0.3, 1.04 * r.steps + 0.3], zeroline: false },
-    yaxis: { type: zero ? "linear" : "log", exponentformat: "power", title: { text: `‖Δ‖ of the row${zero ? "" : " (log scale)"}` } },
+    yaxis: { type: zero ? "linear" : "log", exponentformat: "power", dtick: zero ? undefined : "D2", title: { text: `‖Δ‖ of the row${zero ? "" : " (log scale)"}` } },
     legend: { orientation: "h", x: 0, y: 1.12 } }, PLOT_CONFIG);
   $("growth-updates").dataset.interval = `${r.start}-${r.end}`;
   $("growth-interval").textContent = `to step ${r.end.toLocaleString("en")} (${r.steps} step${r.steps > 1 ? "s" : ""}, ${TABLE_NAME[r.table]})`;
@@ -561,11 +569,12 @@ async function stepPanels(live) {
   const end = i > 0 ? steps[i] : steps[1], start = Math.min(+$("growth-from").value, end - 1);
   const [nb, up] = await Promise.all([
     api("/api/growth/neighbours", { word: $("growth-word").value, step: steps[i], k: intField("growth-k"), table }),
-    api("/api/growth/updates", { start, end, table }),
+    steps.length > 1 ? api("/api/growth/updates", { start, end, table }) : null,  // one snapshot: no interval yet
   ]);
   if (!live()) return;
   drawNeighbours(nb);
-  drawUpdates(up);
+  if (up) drawUpdates(up);
+  else $("growth-updates-summary").textContent = "The run has kept one snapshot so far: there is no interval to compare.";
   $("growth").dataset.step = steps[i];
 }
 
@@ -619,7 +628,7 @@ DRAW.growth = () => growthRun(async (live) => {
   $("growth-map-words").value = r.map_words.join(", ");
   $("growth-pairs-words").value = r.lesson_pairs.map((p) => p.join(" ")).join(", ");
   $("growth-suggestions").replaceChildren(...r.suggestions.map((w) => el("option", { value: w })));
-  $("growth-run").textContent = `${r.run}: ${r.steps.length} snapshots, steps ${r.steps[0]} to ${r.steps[r.steps.length - 1].toLocaleString("en")}; ` +
+  $("growth-run").textContent = `${r.run}: ${r.steps.length} snapshot${r.steps.length > 1 ? "s" : ""}, steps ${r.steps[0]} to ${r.steps[r.steps.length - 1].toLocaleString("en")}; ` +
     `V ${r.V.toLocaleString("en")}, d ${r.d}` + (r.rows < r.V ? `, ${r.rows.toLocaleString("en")} rows kept per snapshot` : "") +
     `; recipe ${r.recipe}.` + (r.wordsets.fetched ? "" : ` ${r.wordsets.note}`);
   labelStep();
