@@ -92,6 +92,7 @@ class Subject:
     name: str  # how it is named in output: the checkpoint path or the preset
     slug: str  # the same, safe in a file name
     tokenizer_note: str | None = None  # set when lookups fall back to bytes
+    checkpoint: str | None = None  # the checkpoint file or run folder it was loaded from (None: a fresh preset)
 
 
 def _slug(text: str) -> str:
@@ -137,7 +138,7 @@ def load_subject(checkpoint=None, preset=None, seed: int = 0, tokenizer_dir=None
     if tokenizer is None:
         tokenizer = ByteTokenizer(model.config.vocab_size)
         note = "no tokenizer: text is looked up as UTF-8 bytes (ids 0-255); name other tokens as #ID, or give a tokenizer folder."
-    return Subject(model, tokenizer, name, slug, note)
+    return Subject(model, tokenizer, name, slug, note, str(checkpoint) if checkpoint else None)
 
 
 def table(model, which: str) -> np.ndarray:

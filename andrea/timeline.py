@@ -136,21 +136,46 @@ def pair_series(tl: Timeline, pairs, table: str = "input", centre: bool = True) 
             "band": 1 / math.sqrt(tl.d), "mean_cos": mean_cos}
 
 
+def _mean_rows(tl: Timeline, index: WordIndex, words) -> np.ndarray:
+    """(len(words), kept rows): row j averages the snapshot rows of word j's tokens, so that
+    `_mean_rows(...) @ table` is every word's vector (the mean of its tokens' rows) at once."""
+    a = np.zeros((len(words), len(tl.rows)))
+    for j, w in enumerate(words):
+        ids = index.ids[w]
+        for i in ids:
+            a[j, tl.position[i]] += 1 / len(ids)
+    return a
+
+
 def rho_series(tl: Timeline, sets, table: str = "input", centre: bool = True) -> dict:
     """Spearman ρ of cosine against the ratings of each set at every snapshot, over the pairs
-    whose words' rows are kept, with n and the null spread 1/√(n − 1)."""
+    whose words' rows are kept, with n and the null spread 1/√(n − 1). A pair with a zero vector
+    counts as cos θ 0."""
+    if table not in TABLES:
+        raise AndreaError(f"the table must be one of {', '.join(TABLES)}, got {table!r}.")
     index = tl.index((), sets)
-    out = {}
+    out, pairs = {}, {}
     for name in PAIR_SETS:
-        pairs = [(a, b, r) for a, b, r in sets.pairs[name] if tl.kept(index, a) and tl.kept(index, b)]
-        out[name] = {"rho": [], "n": len(pairs), "null": 1 / math.sqrt(len(pairs) - 1) if len(pairs) > 1 else None}
+        pairs[name] = [(a, b, r) for a, b, r in sets.pairs[name] if tl.kept(index, a) and tl.kept(index, b)]
+        n = len(pairs[name])
+        out[name] = {"rho": [], "n": n, "null": 1 / math.sqrt(n - 1) if n > 1 else None}
+    words = sorted({w for name in PAIR_SETS for a, b, _ in pairs[name] for w in (a, b)})
+    at = {w: j for j, w in enumerate(words)}
+    mean_rows = _mean_rows(tl, index, words)
     for step in tl.steps:
-        m = tl.matrix(step, table, centre)
+        snap = tl.snapshot(step)
+        rows = snap.tables[table].double().numpy()
+        if centre:
+            rows = rows - snap.means[table].double().numpy()
+        vecs = mean_rows @ rows
+        norms = np.linalg.norm(vecs, axis=1)
         for name in PAIR_SETS:
-            pairs = [(a, b, r) for a, b, r in sets.pairs[name] if tl.kept(index, a) and tl.kept(index, b)]
-            cos = [_cos(_vec(m, index, a), _vec(m, index, b)) for a, b, _ in pairs]
-            cos = [0.0 if not math.isfinite(c) else c for c in cos]
-            out[name]["rho"].append(spearman(cos, [r for _, _, r in pairs]))
+            ia = np.array([at[a] for a, _, _ in pairs[name]], dtype=np.int64)
+            ib = np.array([at[b] for _, b, _ in pairs[name]], dtype=np.int64)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                cos = np.einsum("ij,ij->i", vecs[ia], vecs[ib]) / (norms[ia] * norms[ib])
+            cos = np.where(np.isfinite(cos), cos, 0.0)
+            out[name]["rho"].append(spearman(cos, [r for _, _, r in pairs[name]]))
     return {"steps": tl.steps, "table": table, "centred": centre, "sets": out}
 
 

@@ -1,12 +1,14 @@
 """Screenshots of every view of `andrea lab`, taken in a real headless browser.
 
-    python scripts/lab_screenshots.py --checkpoint runs/a [--out docs/lab]
+    python scripts/lab_screenshots.py --checkpoint runs/a [--out docs/lab] [--views growth,map]
 
 Starts the lab server on a free loopback port, drives Debian's chromium (through selenium and
 chromium-driver: `apt-get install chromium chromium-driver`, and selenium from the dev extra)
 through each view as a user would (type a word, compare, draw a map, run attention and the logit
-lens on a prompt, generate), and saves one PNG per view. It fails if the page logs any console
-error. The functions here are also what tests/test_lab_browser.py drives the page with.
+lens on a prompt, generate, move the Growth view's step slider), and saves one PNG per view
+(`--views` takes only some). The Growth view shows a run's embedding snapshots: give the run
+folder or a checkpoint inside it. It fails if the page logs any console error. The functions here
+are also what tests/test_lab_browser.py drives the page with.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-VIEWS = ("params", "token", "compare", "map", "positions", "attention", "lens", "generate")
+VIEWS = ("params", "token", "compare", "map", "positions", "attention", "lens", "generate", "growth")
+GROWTH_HEIGHT = 1600  # the Growth view's panels need a taller window than the others
 CHROMIUM = ("chromium", "chromium-browser", "google-chrome")
 DRIVER = ("chromedriver",)
 
@@ -114,60 +117,96 @@ def wait_view_loaded(driver, view: str, timeout: float = 60.0) -> str:
     return wait_for(driver, lambda d: state(d, view) in ("ready", "error") and state(d, view), timeout, f"the {view} view to load")
 
 
+def slide_to(driver, index: int, timeout: float = 60.0) -> str:
+    """Move the Growth view's step slider to snapshot `index` with the keyboard, as a user would,
+    and wait until its panels have loaded; the view's state."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    slider = driver.find_element(By.ID, "growth-step")
+    slider.send_keys(Keys.HOME, *[Keys.ARROW_RIGHT] * index)
+    step = driver.execute_script(f"return String(G.info.steps[{index}])")
+    return wait_for(driver, lambda d: d.execute_script("return document.getElementById('growth').dataset.step") == step
+                    and state(d, "growth") in ("ready", "error") and state(d, "growth"), timeout, f"the panels of step {step}")
+
+
+def show_growth(driver, url: str, shoot) -> str:
+    """The Growth view, its slider taken to a snapshot about two thirds of the way along."""
+    from selenium.webdriver.common.by import By
+
+    open_view(driver, url, "growth")
+    result = wait_view_loaded(driver, "growth")
+    if result == "ready" and driver.find_element(By.ID, "growth-live").is_displayed():
+        n = int(driver.find_element(By.ID, "growth-step").get_attribute("max")) + 1
+        result = slide_to(driver, max(0, (2 * n) // 3 - 1))
+        driver.execute_script("document.activeElement.blur()")  # no focus ring on the slider
+    size = driver.get_window_size()
+    driver.set_window_size(size["width"], max(size["height"], GROWTH_HEIGHT))
+    try:
+        shoot("growth")
+    finally:
+        driver.set_window_size(size["width"], size["height"])
+    return result
+
+
 def show_each_view(driver, url: str, out_dir: Path | None = None, words=("king", "cat", "dog"),
-                   prompt: str = "And God said, Let there be light: and there was light.") -> dict[str, str]:
-    """Use every view once as a user would; with out_dir, save a screenshot of each. The state
-    each view ended in (ready or error)."""
+                   prompt: str = "And God said, Let there be light: and there was light.", views=VIEWS) -> dict[str, str]:
+    """Use every view in `views` once as a user would; with out_dir, save a screenshot of each.
+    The state each view ended in (ready or error)."""
     from selenium.webdriver.common.by import By
 
     states = {}
 
     def shoot(view):
         if out_dir is not None:
-            time.sleep(0.4)  # let plotly finish its transitions
+            time.sleep(0.6)  # let plotly finish its transitions
             driver.save_screenshot(str(out_dir / f"{view}.png"))
 
-    open_view(driver, url, "params")
-    states["params"] = wait_view_loaded(driver, "params")
-    shoot("params")
+    def step(view, work):
+        if view in views:
+            states[view] = work()
+            shoot(view)
 
-    open_view(driver, url, "token")
-    fill(driver, "token-word", words[0])
-    driver.find_element(By.ID, "token-whole").click()
-    states["token"] = submit(driver, "token", "token-go")
-    shoot("token")
+    step("params", lambda: (open_view(driver, url, "params"), wait_view_loaded(driver, "params"))[1])
 
-    open_view(driver, url, "compare")
-    driver.find_element(By.ID, "compare-lesson").click()
-    states["compare"] = wait_for(driver, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#compare-results .card")) == 2
-                                 and state(d, "compare"), 60, "the lesson's two comparisons")
-    shoot("compare")
+    def token():
+        open_view(driver, url, "token")
+        fill(driver, "token-word", words[0])
+        driver.find_element(By.ID, "token-whole").click()
+        return submit(driver, "token", "token-go")
 
-    open_view(driver, url, "map")
-    states["map"] = submit(driver, "map", "map-go")
-    shoot("map")
+    step("token", token)
 
-    open_view(driver, url, "positions")
-    states["positions"] = wait_view_loaded(driver, "positions")
-    shoot("positions")
+    def compare():
+        open_view(driver, url, "compare")
+        driver.find_element(By.ID, "compare-lesson").click()
+        return wait_for(driver, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#compare-results .card")) == 2
+                        and state(d, "compare"), 60, "the lesson's two comparisons")
 
-    open_view(driver, url, "attention")
-    fill(driver, "attention-prompt", prompt)
-    states["attention"] = submit(driver, "attention", "attention-go")
-    shoot("attention")
+    step("compare", compare)
+    step("map", lambda: (open_view(driver, url, "map"), submit(driver, "map", "map-go"))[1])
+    step("positions", lambda: (open_view(driver, url, "positions"), wait_view_loaded(driver, "positions"))[1])
 
-    open_view(driver, url, "lens")
-    fill(driver, "lens-prompt", prompt)
-    states["lens"] = submit(driver, "lens", "lens-go")
-    shoot("lens")
+    def prompted(view, button):
+        open_view(driver, url, view)
+        fill(driver, f"{view}-prompt", prompt)
+        return submit(driver, view, button)
 
-    open_view(driver, url, "generate")
-    states["generate"] = submit(driver, "generate", "gen-go", timeout=120)
-    tokens = driver.find_elements(By.CSS_SELECTOR, "#gen-output .gen-token")
-    if tokens:
-        pick = tokens[min(len(tokens) - 1, 6)]
-        driver.execute_script("arguments[0].dispatchEvent(new MouseEvent('click', {bubbles: true}))", pick)
-    shoot("generate")
+    step("attention", lambda: prompted("attention", "attention-go"))
+    step("lens", lambda: prompted("lens", "lens-go"))
+
+    def generate():
+        open_view(driver, url, "generate")
+        result = submit(driver, "generate", "gen-go", timeout=120)
+        tokens = driver.find_elements(By.CSS_SELECTOR, "#gen-output .gen-token")
+        if tokens:
+            pick = tokens[min(len(tokens) - 1, 6)]
+            driver.execute_script("arguments[0].dispatchEvent(new MouseEvent('click', {bubbles: true}))", pick)
+        return result
+
+    step("generate", generate)
+    if "growth" in views:
+        states["growth"] = show_growth(driver, url, shoot)
     return states
 
 
@@ -177,7 +216,13 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="docs/lab", help="where to write the PNGs (default docs/lab)")
     ap.add_argument("--width", type=int, default=1360)
     ap.add_argument("--height", type=int, default=1000)
+    ap.add_argument("--views", default=",".join(VIEWS), help=f"the views to take, by name (default all: {','.join(VIEWS)})")
     args = ap.parse_args(argv)
+    views = tuple(v.strip() for v in args.views.split(",") if v.strip())
+    unknown = [v for v in views if v not in VIEWS]
+    if unknown or not views:
+        print(f"lab_screenshots: --views takes names from {', '.join(VIEWS)}; got {args.views!r}.", file=sys.stderr)
+        return 2
 
     from andrea.errors import AndreaError
     from andrea.lab import load_subject
@@ -198,12 +243,12 @@ def main(argv=None) -> int:
     url = server.start()
     driver = open_browser(args.width, args.height)
     try:
-        states = show_each_view(driver, url, out)
+        states = show_each_view(driver, url, out, views=views)
         errors = console_errors(driver)
     finally:
         driver.quit()
         server.stop()
-    for view in VIEWS:
+    for view in views:
         print(f"{view:<10} {states.get(view)}  {out / (view + '.png')}")
     bad = [v for v, s in states.items() if s != "ready"]
     if errors or bad:

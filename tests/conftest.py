@@ -77,3 +77,73 @@ def data_dir(tmp_path_factory):
     tok.save(root / "tok")
     prepare(tok, [str(root / "alpha.txt"), str(root / "beta.txt")], root / "data", log=lambda *a: None)
     return root / "data"
+
+
+TINY_WORDSETS = {
+    "simlex999.txt": "# a tiny stand-in for SimLex-999\n# Word 1\tWord 2\tHuman (mean)\n"
+                     "cat\tdog\t7.5\ncat\tpet\t6.0\ndog\tpet\t6.5\nkings\tqueens\t8.0\nsat\tran\t3.0\n"
+                     "old\tideas\t1.0\nmat\tthings\t2.0\ntalked\trethinking\t3.5\n",
+    "wordsim353.tsv": "# a tiny stand-in for WordSim-353\n# Word 1\tWord 2\tHuman (mean)\n"
+                      "cat\tmat\t5.0\ndog\towner\t7.0\npet\towner\t7.5\nkings\tthings\t1.5\nold\tquickly\t1.0\n"
+                      "ideas\trethinking\t7.0\n",
+    "questions-words.txt": ": family\nkings queens cat dog\ncat dog kings queens\n",
+}
+
+
+def write_tiny_wordsets(cache) -> None:
+    """Files of the word-similarity sets' formats in cache/wordsets/, as `andrea data fetch
+    wordsets` leaves them (with a meta.json), holding a few pairs of the lab's words."""
+    import json
+    from pathlib import Path
+
+    folder = Path(cache) / "wordsets"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in TINY_WORDSETS.items():
+        (folder / name).write_text(text)
+    (folder / "meta.json").write_text(json.dumps({"package": "tiny stand-in for the tests"}))
+
+
+def train_tiny_run(root, recipe: str = "v2", max_steps: int = 16, eval_every: int = 8):
+    """A real run of `andrea.train.train` with embedding snapshots: a Harris tokenizer of 40
+    segments on sentences of the lab's words, a 2-layer d = 32 model, `max_steps` steps of 4
+    sequences of 32 tokens. Returns the run folder."""
+    from andrea.config import ModelConfig
+    from andrea.data import TokenData, prepare
+    from andrea.tokenizer import HarrisTokenizer
+    from andrea.train import train
+    from andrea.trainconfig import TrainConfig
+
+    for name, seed in (("alpha", 1), ("beta", 2)):
+        (root / f"{name}.txt").write_text("\n\n".join(lab_text(seed * 100 + i, 400) for i in range(30)))
+    tok = HarrisTokenizer.train([lab_text(s, 400) for s in range(30)], 40)
+    prepare(tok, [str(root / "alpha.txt"), str(root / "beta.txt")], root / "data", log=lambda *a: None)
+    cfg = ModelConfig(vocab_size=TokenData(root / "data").vocab_size, n_embd=32, n_head=2, n_layer=2, block_size=32)
+    opts = TrainConfig(batch_size=4, seq_len=32, max_steps=max_steps, eval_every=eval_every, checkpoint_every=max_steps,
+                       warmup_steps=2, eval_windows=2, seed=7, lr=3e-3, sampling="uniform", recipe=recipe)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        train(cfg, opts, root / "data", root / "run", log=lambda *a: None, progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    return root / "run"
+
+
+@pytest.fixture(scope="session")
+def make_tiny_run():
+    """`train_tiny_run`, for a test that needs a run of its own."""
+    return train_tiny_run
+
+
+@pytest.fixture(scope="session")
+def growth_run(tmp_path_factory):
+    """A tiny real run with embedding snapshots (steps 0, 1, 2, 4, 8, 16; about 2 s), trained with the
+    tiny word sets in its cache; (run folder, that cache). A lab started with ANDREA_CACHE set to
+    the cache finds the sets fetched."""
+    root = tmp_path_factory.mktemp("growth")
+    cache = root / "cache"
+    write_tiny_wordsets(cache)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ANDREA_CACHE", str(cache))
+        run = train_tiny_run(root)
+    return run, cache

@@ -1,6 +1,7 @@
 """The lab page in a real headless browser (Debian's chromium, driven by selenium): type a word and
 read the neighbours, run attention on a prompt and find the grid, generate and see the tokens
-appear, use every view, and fail on any console error.
+appear, move the Growth view's step slider over a real run's snapshots, use every view, and fail
+on any console error.
 
 Needs chromium, chromium-driver and selenium; without them these tests are skipped with a note
 (`apt-get install chromium chromium-driver` and `pip install -e '.[dev]'` enable them; .ci/run
@@ -12,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from andrea import lab
@@ -39,6 +41,23 @@ def url(subject):
     from andrea.web.server import LabServer
 
     server = LabServer(subject, "127.0.0.1", 0)
+    yield server.start()
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def growth_subject(growth_run):
+    return lab.load_subject(growth_run[0])
+
+
+@pytest.fixture(scope="module")
+def growth_url(growth_run, growth_subject):
+    """A second lab, on a tiny real run with embedding snapshots and the tiny word sets fetched."""
+    from andrea.web.server import LabServer
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ANDREA_CACHE", str(growth_run[1]))
+        server = LabServer(growth_subject, "127.0.0.1", 0)
     yield server.start()
     server.stop()
 
@@ -139,3 +158,81 @@ def test_errors_are_shown_on_the_page(browser, url):
     shots.fill(browser, "lens-prompt", "the cat " * 40)
     assert shots.submit(browser, "lens", "lens-go") == "error"
     assert "Give a shorter prompt" in shots.text_of(browser, "lens-error")
+
+
+def neighbour_ids(browser):
+    return [int(li.get_attribute("data-id")) for li in by_css(browser, "#growth-neighbours li")]
+
+
+def map_points(browser):
+    """The map's points as plotly holds them after the last move: (x, y) per word."""
+    return np.array(browser.execute_script("const d = document.getElementById('growth-map').data[0]; return [d.x, d.y];")).T
+
+
+def test_the_growth_slider_changes_what_is_shown(browser, growth_url, growth_run, growth_subject):
+    from andrea.timeline import WHY_UNSEEN, Timeline, aligned_map, neighbours_at, row_updates
+
+    tl = Timeline(growth_run[0], growth_subject.tokenizer)
+    shots.open_view(browser, growth_url, "growth")
+    assert shots.wait_view_loaded(browser, "growth") == "ready"
+    slider = by_css(browser, "#growth-step")[0]
+    assert slider.get_attribute("max") == str(len(tl.steps) - 1) and slider.get_attribute("value") == str(len(tl.steps) - 1)
+    assert shots.text_of(browser, "growth-step-label") == f"step 16 · snapshot {len(tl.steps)} of {len(tl.steps)}"
+    # the last step: neighbours, map and the last interval's updates are the library's
+    last = neighbours_at(tl, 16, "cat", 10)
+    assert neighbour_ids(browser) == [n["id"] for n in last["neighbours"]]
+    words = browser.execute_script("return document.getElementById('growth-map').data[0].text")
+    frames = np.array(aligned_map(tl, words)["frames"])
+    np.testing.assert_allclose(map_points(browser), frames[-1], atol=1e-9)
+    updates = row_updates(tl, 8, 16)
+    assert shots.text_of(browser, "growth-why") == WHY_UNSEEN["v2"] == updates["why"]
+    names = [t.text for t in by_css(browser, "#growth-updates .legendtext")]
+    assert names == [f"seen in the batches ({updates['groups']['seen']['tokens']})",
+                     f"in no batch ({updates['groups']['unseen']['tokens']})"]
+    # the curves: two pairs inside the ±1/√d band, ρ on both sets, each with the step marked
+    assert [t.text for t in by_css(browser, "#growth-pairs .legendtext")] == ["cat·dog", "cat·Tuesday"]
+    assert [t.text for t in by_css(browser, "#growth-rho .legendtext")] == ["SimLex-999 (n 8)", "WordSim-353 (n 6)"]
+    assert "±1/√d = ±0.177" in shots.text_of(browser, "growth-pairs-note")
+    assert len(by_css(browser, "#growth-pairs .shapelayer path")) == 2  # the band and the step's mark
+    assert len(by_css(browser, "#growth-rho .shapelayer path")) == 3  # two null spreads and the mark
+    mark = lambda: [p.get_attribute("d") for p in by_css(browser, "#growth-pairs .shapelayer path")][-1]  # noqa: E731
+    before = mark()
+
+    # the user takes the slider to the initialisation, with the keyboard
+    from selenium.webdriver.common.keys import Keys
+
+    slider.send_keys(Keys.HOME)
+    assert shots.wait_for(browser, lambda d: d.execute_script("return document.getElementById('growth').dataset.step") == "0"
+                          and shots.state(d, "growth") == "ready", 30, "the panels of step 0")
+    assert shots.text_of(browser, "growth-step-label") == f"step 0 (the initialisation) · snapshot 1 of {len(tl.steps)}"
+    first = neighbours_at(tl, 0, "cat", 10)
+    assert [n["id"] for n in first["neighbours"]] != [n["id"] for n in last["neighbours"]]  # the table learned
+    assert neighbour_ids(browser) == [n["id"] for n in first["neighbours"]]
+    assert shots.wait_for(browser, lambda d: d.execute_script("return document.getElementById('growth-map').dataset.step") == "0",
+                          30, "the map to move")
+    np.testing.assert_allclose(map_points(browser), frames[0], atol=1e-9)
+    assert mark() != before
+    updates = row_updates(tl, 0, 1)
+    assert by_css(browser, "#growth-updates")[0].get_attribute("data-interval") == "0-1"
+    assert [t.text for t in by_css(browser, "#growth-updates .legendtext")][0] == \
+        f"seen in the batches ({updates['groups']['seen']['tokens']})"
+
+    # the fourth snapshot (what the screenshot script does), then a wider interval for the sparse-update panel
+    assert shots.slide_to(browser, 3) == "ready"
+    assert browser.execute_script("return document.getElementById('growth').dataset.step") == "4"
+    assert by_css(browser, "#growth-updates")[0].get_attribute("data-interval") == "2-4"
+    from selenium.webdriver.support.ui import Select
+
+    Select(by_css(browser, "#growth-from")[0]).select_by_value("0")
+    assert shots.wait_for(browser, lambda d: by_css(d, "#growth-updates")[0].get_attribute("data-interval") == "0-4", 30)
+    steps = row_updates(tl, 0, 4)["steps"]
+    assert f"to step 4 ({steps} steps, input table)" == shots.text_of(browser, "growth-interval")
+
+
+def test_the_growth_view_tells_a_run_without_snapshots_what_to_do(browser, url, lab_checkpoint):
+    shots.open_view(browser, url, "growth")
+    assert shots.wait_view_loaded(browser, "growth") == "ready"
+    note = shots.text_of(browser, "growth-absent")
+    assert note.startswith(f"the checkpoint {lab_checkpoint} has no embedding snapshots")
+    assert "andrea lab --checkpoint RUN" in note
+    assert not by_css(browser, "#growth-live")[0].is_displayed()

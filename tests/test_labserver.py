@@ -258,15 +258,19 @@ def test_lab_command_serves_until_interrupted(lab_checkpoint):
     proc = subprocess.Popen([sys.executable, "-m", "andrea", "lab", "--checkpoint", str(lab_checkpoint), "--port", "0"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        url = None
+        url, said = None, []
         deadline = time.monotonic() + 60
         while url is None and time.monotonic() < deadline:
             line = proc.stdout.readline()
             if not line:
                 break
+            said.append(line)
             if line.startswith("open http://127.0.0.1:"):
                 url = line.split()[1]
         assert url, proc.stderr.read()
+        # the checkpoint's folder holds no embeddings/: the Growth view says so before it is opened
+        assert any(line.startswith(f"growth view: off; the checkpoint {lab_checkpoint} has no embedding snapshots")
+                   for line in said), said
         assert httpx.get(url + "api/info", timeout=30).json()["config"]["n_layer"] == 2
     finally:
         proc.send_signal(signal.SIGINT)

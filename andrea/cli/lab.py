@@ -18,6 +18,7 @@ def cmd_lab(args) -> int:
     print(f"andrea lab: {subject.name}")
     if subject.tokenizer_note:
         print(f"note: {subject.tokenizer_note}")
+    print(server.app.state.growth.summary())
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"note: listening on {args.host}: other machines that can reach it can use the lab.")
     print(f"open {server.url} in a browser (Ctrl-C stops the server)", flush=True)
@@ -32,12 +33,14 @@ def cmd_lab(args) -> int:
 
 
 def register(sub) -> None:
-    p = sub.add_parser("lab", help="the embedding lab in a browser: tables, neighbours, maps, attention, the logit lens",
+    p = sub.add_parser("lab", help="the embedding lab in a browser: tables, neighbours, maps, attention, the logit lens, "
+                                   "the tables learning",
                        description="Serve one web page that shows a checkpoint's parameters, token table, "
                                    "neighbours, comparisons, 2-D maps, position similarity, attention patterns, "
-                                   "the logit lens and token-by-token generation. Everything the page loads comes "
-                                   "from this server; no internet access is needed.")
-    p.add_argument("--checkpoint", help="a checkpoint file or run folder")
+                                   "the logit lens and token-by-token generation, and (Growth) the embedding "
+                                   "tables over the snapshots its run kept in embeddings/. Everything the page "
+                                   "loads comes from this server; no internet access is needed.")
+    p.add_argument("--checkpoint", help="a checkpoint file or run folder (a run folder's snapshots feed the Growth view)")
     p.add_argument("--preset", help="show a freshly initialised model of this preset instead")
     p.add_argument("--seed", type=int, default=0, help="seed of the fresh model's initialisation (default 0)")
     p.add_argument("--tokenizer", help="a tokenizer folder (a checkpoint brings its own)")

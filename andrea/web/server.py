@@ -35,85 +35,21 @@ from pathlib import Path
 import numpy as np
 
 from andrea import lab
-from andrea.config import PRESETS, is_int, is_real
+from andrea.config import PRESETS
 from andrea.errors import AndreaError
+from andrea.web import growth
+from andrea.web.fields import MAX_K, MAX_WORD_CHARS, BadRequest, Fields, rounded
+from andrea.web.growth import LESSON_PAIRS, GrowthViews
 
 MAX_BODY = 16_384  # bytes of a request body
 MAX_PROMPT_CHARS = 2_000
-MAX_WORD_CHARS = 100
 MAX_WORDS = 200  # words on one map
 MAX_TOP = 2_000  # most used segments on one map (t-SNE: MAX_TSNE)
 MAX_TSNE = 500
-MAX_K = 200  # neighbours, lens predictions
 MAX_ATTENTION_TOKENS = 64  # every layer × head × T² weights go to the page
 MAX_LENS_TOKENS = 128
 MAX_NEW_TOKENS = 500
 MAX_HEATMAP = 256  # position rows drawn; longer tables are sampled evenly
-LESSON_PAIRS = [["cat", "dog"], ["cat", "Tuesday"]]
-
-
-class BadRequest(Exception):
-    def __init__(self, message: str, status: int = 400):
-        super().__init__(message)
-        self.message, self.status = message, status
-
-
-# ---------------------------------------------------------------- reading a request's fields
-
-
-class Fields:
-    """The fields of one JSON request body, each read with its type and range checked."""
-
-    def __init__(self, body: dict, allowed: set[str]):
-        unknown = sorted(set(body) - allowed)
-        if unknown:
-            raise BadRequest(f"unknown field {unknown[0]!r}; this endpoint takes {', '.join(sorted(allowed)) or 'no fields'}.")
-        self.body = body
-
-    def text(self, name: str, limit: int, default=None, required: bool = True) -> str | None:
-        v = self.body.get(name, default)
-        if v is None and not required:
-            return None
-        if not isinstance(v, str) or v == "":
-            raise BadRequest(f"{name} must be a non-empty string.")
-        if len(v) > limit:
-            raise BadRequest(f"{name} is {len(v):,} characters; the lab takes at most {limit:,}.")
-        return v
-
-    def flag(self, name: str, default: bool = False) -> bool:
-        v = self.body.get(name, default)
-        if not isinstance(v, bool):
-            raise BadRequest(f"{name} must be true or false, got {v!r}.")
-        return v
-
-    def integer(self, name: str, default, lo: int, hi: int, optional: bool = False) -> int | None:
-        v = self.body.get(name, default)
-        if v is None and optional:
-            return None
-        if not is_int(v) or not lo <= v <= hi:
-            raise BadRequest(f"{name} must be an integer from {lo:,} to {hi:,}, got {json.dumps(v)}.")
-        return v
-
-    def number(self, name: str, default, lo: float, hi: float, lo_open: bool = False, optional: bool = False) -> float | None:
-        v = self.body.get(name, default)
-        if v is None and optional:
-            return None
-        ok = is_real(v) and math.isfinite(v) and v <= hi
-        ok = ok and (v > lo if lo_open else v >= lo)
-        if not ok:
-            span = f"({lo}, {hi}]" if lo_open else f"[{lo}, {hi}]"
-            raise BadRequest(f"{name} must be a number in {span}, got {json.dumps(v)}.")
-        return float(v)
-
-    def choice(self, name: str, default: str, choices) -> str:
-        v = self.body.get(name, default)
-        if v not in choices:
-            raise BadRequest(f"{name} must be one of {', '.join(choices)}, got {json.dumps(v)}.")
-        return v
-
-
-def _round(a, digits: int = 6):
-    return np.round(np.asarray(a, dtype=np.float64), digits).tolist()
 
 
 # ---------------------------------------------------------------- the views, as plain functions of a subject
@@ -169,12 +105,8 @@ class LabViews:
         method = f.choice("method", "pca", lab.MAP_METHODS)
         which = f.choice("table", "input", lab.TABLES)
         bare = f.flag("bare")
-        words = f.body.get("words")
-        if words is not None:
-            if not isinstance(words, list) or not all(isinstance(w, str) and 0 < len(w) <= MAX_WORD_CHARS for w in words):
-                raise BadRequest(f"words must be a list of non-empty strings of at most {MAX_WORD_CHARS} characters.")
-            if not 2 <= len(words) <= MAX_WORDS:
-                raise BadRequest(f"a map takes 2 to {MAX_WORDS} words, got {len(words)}.")
+        if f.body.get("words") is not None:
+            words = f.words("words", 2, MAX_WORDS)
             if "top" in f.body:
                 raise BadRequest("give either words or top, not both.")
             return lab.map_points(self.model, self.tok, words, None, which, bare, method)
@@ -189,8 +121,8 @@ class LabViews:
             step = max(1, math.ceil(len(sim) / MAX_HEATMAP))
             at = np.arange(0, len(sim), step)
             out.update(positions=r["positions"], norm_mean=r["norm_mean"], similarity_at=r["similarity_at"],
-                       heatmap_positions=at.tolist(), heatmap=_round(sim[np.ix_(at, at)], 4),
-                       by_distance=_round(lab.similarity_by_distance(sim), 6))
+                       heatmap_positions=at.tolist(), heatmap=rounded(sim[np.ix_(at, at)], 4),
+                       by_distance=rounded(lab.similarity_by_distance(sim), 6))
         return out
 
     def _prompt(self, f: Fields, limit_tokens: int) -> tuple[str, bool]:
@@ -205,7 +137,7 @@ class LabViews:
         prompt, bos = self._prompt(f, MAX_ATTENTION_TOKENS)
         r = lab.attention(self.model, self.tok, prompt, bos)
         return {"ids": r["ids"], "pieces": r["pieces"], "layers": r["layers"], "heads": r["heads"],
-                "patterns": _round(r["patterns"], 4)}
+                "patterns": rounded(r["patterns"], 4)}
 
     def lens(self, f: Fields) -> dict:
         k = f.integer("k", 5, 1, 20)
@@ -273,108 +205,134 @@ def _log(message: str) -> None:
     print(f"andrea lab: {message}", file=sys.stderr, flush=True)
 
 
-def create_app(subject: lab.Subject, allowed_hosts=None):
-    """The Starlette app for one loaded model. allowed_hosts, when given, refuses requests whose
-    Host header is not in it (the CLI passes the loopback names when serving on loopback)."""
-    from starlette.applications import Starlette
+def _error(message: str, status: int = 400):
+    from starlette.responses import JSONResponse
+
+    return JSONResponse({"error": message}, status_code=status, headers=SECURITY_HEADERS)
+
+
+async def _read_body(request) -> dict:
+    """The request's JSON object ({} for a GET or an empty body), or BadRequest saying what is wrong."""
+    if request.method == "GET":
+        if request.query_params:
+            raise BadRequest("this endpoint takes no query parameters.")
+        return {}
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > MAX_BODY):
+        raise BadRequest(f"the request body is larger than {MAX_BODY:,} bytes.", 413)
+    raw = b""
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > MAX_BODY:
+            raise BadRequest(f"the request body is larger than {MAX_BODY:,} bytes.", 413)
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise BadRequest("the request body is not valid JSON.") from None
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object.")
+    return body
+
+
+def _lines(name: str, steps):
+    """A stream of steps as JSON lines, then {"done": ...}, or the error that ended it."""
+    n = 0
+    try:
+        for step in steps:
+            n += 1
+            yield json.dumps(step, ensure_ascii=False) + "\n"
+        yield json.dumps({"done": True, "tokens": n}) + "\n"
+    except AndreaError as e:
+        yield json.dumps({"error": str(e)}) + "\n"
+    except Exception as e:
+        _log(f"{name} failed: {type(e).__name__}: {e}")
+        yield json.dumps({"error": f"generation failed ({type(e).__name__}); the server's log says more."}) + "\n"
+
+
+def _endpoint(name: str, compute, allowed: set[str], stream: bool = False):
+    """The endpoint that reads a body's `allowed` fields and answers with compute(fields): JSON,
+    or with stream a stream of JSON lines; bad input gets 400 and one sentence."""
     from starlette.concurrency import run_in_threadpool
-    from starlette.exceptions import HTTPException
-    from starlette.middleware import Middleware
-    from starlette.middleware.trustedhost import TrustedHostMiddleware
-    from starlette.requests import Request
-    from starlette.responses import JSONResponse, Response, StreamingResponse
+    from starlette.responses import JSONResponse, StreamingResponse
+
+    async def endpoint(request):
+        try:
+            fields = Fields(await _read_body(request), allowed)
+            result = await run_in_threadpool(compute, fields)
+        except BadRequest as e:
+            return _error(e.message, e.status)
+        except AndreaError as e:
+            return _error(str(e))
+        except Exception as e:  # a fault of the server, not of the request: one line, no traceback
+            _log(f"{name} failed: {type(e).__name__}: {e}")
+            return _error(f"the lab failed on this request ({type(e).__name__}); the server's log says more.", 500)
+        if not stream:
+            return JSONResponse(result, headers=SECURITY_HEADERS)
+        return StreamingResponse(_lines(name, result), media_type="application/x-ndjson", headers=SECURITY_HEADERS)
+
+    return endpoint
+
+
+def _page_routes(assets: dict) -> list:
+    """The page and the files it loads, each under its one fixed name."""
+    from starlette.responses import Response
     from starlette.routing import Route
 
-    views = LabViews(subject)
-    assets = _asset_bytes()
-
-    def error(message: str, status: int = 400) -> JSONResponse:
-        return JSONResponse({"error": message}, status_code=status, headers=SECURITY_HEADERS)
-
-    async def read_body(request: Request) -> dict:
-        if request.method == "GET":
-            if request.query_params:
-                raise BadRequest("this endpoint takes no query parameters.")
-            return {}
-        declared = request.headers.get("content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > MAX_BODY):
-            raise BadRequest(f"the request body is larger than {MAX_BODY:,} bytes.", 413)
-        raw = b""
-        async for chunk in request.stream():
-            raw += chunk
-            if len(raw) > MAX_BODY:
-                raise BadRequest(f"the request body is larger than {MAX_BODY:,} bytes.", 413)
-        if not raw.strip():
-            return {}
-        try:
-            body = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            raise BadRequest("the request body is not valid JSON.") from None
-        if not isinstance(body, dict):
-            raise BadRequest("the request body must be a JSON object.")
-        return body
-
-    def api(name: str, stream: bool = False):
-        compute = getattr(views, name)
-
-        async def endpoint(request: Request):
-            try:
-                fields = Fields(await read_body(request), FIELDS[name])
-                result = await run_in_threadpool(compute, fields)
-            except BadRequest as e:
-                return error(e.message, e.status)
-            except AndreaError as e:
-                return error(str(e))
-            except Exception as e:  # a fault of the server, not of the request: one line, no traceback
-                _log(f"{name} failed: {type(e).__name__}: {e}")
-                return error(f"the lab failed on this request ({type(e).__name__}); the server's log says more.", 500)
-            if not stream:
-                return JSONResponse(result, headers=SECURITY_HEADERS)
-
-            def lines():
-                n = 0
-                try:
-                    for step in result:
-                        n += 1
-                        yield json.dumps(step, ensure_ascii=False) + "\n"
-                    yield json.dumps({"done": True, "tokens": n}) + "\n"
-                except AndreaError as e:
-                    yield json.dumps({"error": str(e)}) + "\n"
-                except Exception as e:
-                    _log(f"{name} failed: {type(e).__name__}: {e}")
-                    yield json.dumps({"error": f"generation failed ({type(e).__name__}); the server's log says more."}) + "\n"
-
-            return StreamingResponse(lines(), media_type="application/x-ndjson", headers=SECURITY_HEADERS)
-
-        return endpoint
-
-    async def page(request: Request):
+    async def page(request):
         body, kind = assets["index.html"]
         return Response(body, media_type=kind, headers=SECURITY_HEADERS)
 
-    async def static(request: Request):
+    async def static(request):
         name = request.path_params["name"]
         if name not in assets or name == "index.html":
-            return error(f"there is no file {name!r} here.", 404)
+            return _error(f"there is no file {name!r} here.", 404)
         body, kind = assets[name]
         return Response(body, media_type=kind, headers={**SECURITY_HEADERS, "Cache-Control": "max-age=3600"})
 
-    async def http_error(request: Request, exc: HTTPException):
-        messages = {404: f"there is nothing at {request.url.path!r}.", 405: f"{request.method} is not allowed here."}
-        return error(messages.get(exc.status_code, str(exc.detail)), exc.status_code)
+    return [Route("/", page, methods=["GET"]), Route("/static/{name}", static, methods=["GET"])]
 
-    async def server_error(request: Request, exc: Exception):
-        _log(f"request to {request.url.path} failed: {type(exc).__name__}: {exc}")
-        return error("the lab failed on this request; the server's log says more.", 500)
 
-    routes = [Route("/", page, methods=["GET"]), Route("/static/{name}", static, methods=["GET"]),
-              Route("/api/info", api("info"), methods=["GET"]), Route("/api/positions", api("positions"), methods=["GET"])]
+def _api_routes(views: LabViews, growth_views: GrowthViews) -> list:
+    """/api/...: the model's views, then the Growth view's."""
+    from starlette.routing import Route
+
+    def route(path, name, method, owner, fields, stream=False):
+        return Route(path, _endpoint(name, getattr(owner, name), fields[name], stream), methods=[method])
+
+    routes = [route("/api/info", "info", "GET", views, FIELDS), route("/api/positions", "positions", "GET", views, FIELDS)]
     for name in ("params", "token", "compare", "map", "attention", "lens"):
-        routes.append(Route(f"/api/{name}", api(name), methods=["POST"]))
-    routes.append(Route("/api/generate", api("generate", stream=True), methods=["POST"]))
+        routes.append(route(f"/api/{name}", name, "POST", views, FIELDS))
+    routes.append(route("/api/generate", "generate", "POST", views, FIELDS, stream=True))
+    routes += [route(path, name, method, growth_views, growth.FIELDS) for path, name, method in growth.ROUTES]
+    return routes
+
+
+def create_app(subject: lab.Subject, allowed_hosts=None):
+    """The Starlette app for one loaded model. allowed_hosts, when given, refuses requests whose
+    Host header is not in it (the CLI passes the loopback names when serving on loopback). The
+    Growth view reads the snapshots of the run the subject's checkpoint belongs to, if any."""
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+    from starlette.middleware import Middleware
+    from starlette.middleware.trustedhost import TrustedHostMiddleware
+
+    growth_views = GrowthViews(subject)
+    routes = _page_routes(_asset_bytes()) + _api_routes(LabViews(subject), growth_views)
+
+    async def http_error(request, exc: HTTPException):
+        messages = {404: f"there is nothing at {request.url.path!r}.", 405: f"{request.method} is not allowed here."}
+        return _error(messages.get(exc.status_code, str(exc.detail)), exc.status_code)
+
+    async def server_error(request, exc: Exception):
+        _log(f"request to {request.url.path} failed: {type(exc).__name__}: {exc}")
+        return _error("the lab failed on this request; the server's log says more.", 500)
+
     middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))] if allowed_hosts else []
-    return Starlette(routes=routes, middleware=middleware,
-                     exception_handlers={HTTPException: http_error, 500: server_error})
+    app = Starlette(routes=routes, middleware=middleware, exception_handlers={HTTPException: http_error, 500: server_error})
+    app.state.growth = growth_views
+    return app
 
 
 # ---------------------------------------------------------------- serving

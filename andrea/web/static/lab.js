@@ -393,6 +393,261 @@ function generate() {
   });
 }
 
+// ---------------------------------------------------------------- 9. growth
+
+const G = { info: null, seq: 0, timer: null, series: {}, map: null };
+const TABLE_NAME = { input: "input table", output: "output head" };
+const stepX = (s) => (s > 0 ? s : 0.5);  // a log axis has no 0: step 0 (the initialisation) is drawn at ½
+const formText = (pieces) => (pieces.length === 1 ? show(pieces[0]) : `${pieces.map(show).join(" + ")} (mean of ${pieces.length} tokens)`);
+
+function stepAxis() {
+  // ticks at snapshot steps at least a tenth of the axis apart (log scale), the last step always
+  const steps = G.info.steps, top = Math.log10(stepX(steps[steps.length - 1]) * 1.15), bottom = Math.log10(0.4);
+  const gap = (top - bottom) / 10, shown = [];
+  for (const s of steps) {
+    if (!shown.length || Math.log10(stepX(s)) - Math.log10(stepX(shown[shown.length - 1])) >= gap) shown.push(s);
+  }
+  const last = steps[steps.length - 1];
+  if (shown[shown.length - 1] !== last) {
+    if (shown.length > 1 && Math.log10(stepX(last)) - Math.log10(stepX(shown[shown.length - 1])) < gap) shown.pop();
+    shown.push(last);
+  }
+  return { type: "log", title: { text: "step (log scale; 0 is the initialisation)" }, tickvals: shown.map(stepX), tickangle: 0,
+    ticktext: shown.map((s) => s.toLocaleString("en")), range: [bottom, top] };
+}
+
+function growthStep() { return G.info.steps[+$("growth-step").value]; }
+
+function stepMarker() {
+  return { type: "line", xref: "x", yref: "paper", x0: stepX(growthStep()), x1: stepX(growthStep()), y0: 0, y1: 1,
+    line: { color: "#dc2626", width: 1.5, dash: "dot" } };
+}
+
+function markStep() {
+  for (const id of ["growth-pairs", "growth-rho"]) {
+    const node = $(id);
+    if (node.layout) Plotly.relayout(node, { shapes: [...(node.dataset.base ? JSON.parse(node.dataset.base) : []), stepMarker()] });
+  }
+}
+
+function drawPairs(r) {
+  const colors = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#be185d", "#4d7c0f"];
+  const xs = r.steps.map(stepX);
+  const traces = Object.entries(r.series).map(([name, ys], i) => ({ type: "scatter", mode: "lines+markers", name, x: xs, y: ys,
+    line: { color: colors[i % colors.length] }, customdata: r.steps, hovertemplate: `${name}<br>step %{customdata}: cos θ %{y:.3f}<extra></extra>` }));
+  if (r.mean_cos.some((v) => v !== null)) {
+    traces.push({ type: "scatter", mode: "lines", name: "the table's mean cos θ", x: xs, y: r.mean_cos, line: { color: "#64748b", dash: "dash" },
+      customdata: r.steps, hovertemplate: "mean cos θ between rows<br>step %{customdata}: %{y:.3f}<extra></extra>" });
+  }
+  const base = [{ type: "rect", xref: "paper", yref: "y", x0: 0, x1: 1, y0: -r.band, y1: r.band, fillcolor: "#94a3b8", opacity: 0.18, line: { width: 0 }, layer: "below" }];
+  $("growth-pairs").dataset.base = JSON.stringify(base);
+  Plotly.react("growth-pairs", traces, { margin: { l: 56, r: 10, t: 10, b: 48 }, font: FONT, hovermode: "closest",
+    legend: { orientation: "h", y: -0.25 }, xaxis: stepAxis(), yaxis: { title: { text: `cos θ (${r.centred ? "centred" : "raw"})` }, zeroline: true },
+    shapes: [...base, stepMarker()] }, PLOT_CONFIG);
+  const forms = Object.entries(r.forms).filter(([, p]) => p.length > 1).map(([w, p]) => `${w} = ${formText(p)}`);
+  $("growth-pairs-note").textContent = `${TABLE_NAME[r.table]}; grey band: ±1/√d = ±${fmt(r.band, 3)}, the spread of cos θ between ` +
+    `random rows like those at step 0, inside which "nearly orthogonal" means nothing more than chance.` + (forms.length ? ` ${forms.join("; ")}.` : "");
+}
+
+function drawRho(r) {
+  const node = $("growth-rho");
+  if (!r.fetched) {
+    Plotly.purge(node);
+    node.replaceChildren();
+    node.style.minHeight = "0";
+    node.style.height = "auto";
+    $("growth-rho-note").textContent = r.note;
+    return;
+  }
+  node.style.minHeight = node.style.height = "";
+  const names = { simlex999: "SimLex-999", wordsim353: "WordSim-353" }, colors = { simlex999: "#2563eb", wordsim353: "#16a34a" };
+  const xs = r.steps.map(stepX), traces = [], base = [];
+  for (const [key, s] of Object.entries(r.sets)) {
+    traces.push({ type: "scatter", mode: "lines+markers", name: `${names[key]} (n ${s.n})`, x: xs, y: s.rho, line: { color: colors[key] },
+      customdata: r.steps, hovertemplate: `${names[key]}<br>step %{customdata}: ρ %{y:.3f}<extra></extra>` });
+    if (s.null !== null) base.push({ type: "rect", xref: "paper", yref: "y", x0: 0, x1: 1, y0: -s.null, y1: s.null, fillcolor: colors[key], opacity: 0.1, line: { width: 0 }, layer: "below" });
+  }
+  node.dataset.base = JSON.stringify(base);
+  Plotly.react(node, traces, { margin: { l: 56, r: 10, t: 10, b: 48 }, font: FONT, hovermode: "closest", legend: { orientation: "h", y: -0.25 },
+    xaxis: stepAxis(), yaxis: { title: { text: `Spearman ρ (${r.centred ? "centred" : "raw"})` }, zeroline: true }, shapes: [...base, stepMarker()] }, PLOT_CONFIG);
+  const nulls = Object.entries(r.sets).map(([k, s]) => `${names[k]} ±${fmt(s.null, 3)} over ${s.n} pairs`).join(", ");
+  $("growth-rho-note").textContent = `${TABLE_NAME[r.table]}; shaded: the null spread 1/√(n − 1) of ρ for a table that knows nothing (${nulls}). ` +
+    "Words of several tokens stand for the mean of their rows.";
+}
+
+function mapFrame(i) {
+  const pts = G.map.frames[i];
+  return { x: pts.map((p) => p[0]), y: pts.map((p) => p[1]) };
+}
+
+function drawMap(r) {
+  G.map = r;
+  const all = r.frames.flat(), pad = (lo, hi) => [lo - 0.08 * (hi - lo || 1), hi + 0.08 * (hi - lo || 1)];
+  const xr = pad(Math.min(...all.map((p) => p[0])), Math.max(...all.map((p) => p[0])));
+  const yr = pad(Math.min(...all.map((p) => p[1])), Math.max(...all.map((p) => p[1])));
+  const single = r.words.map((w) => r.forms[w].length === 1);
+  const i = +$("growth-step").value;
+  Plotly.react("growth-map", [{ type: "scatter", mode: "markers+text", ...mapFrame(i), text: r.words, textposition: "top center",
+    customdata: r.words.map((w) => formText(r.forms[w])), hovertemplate: "%{text}: %{customdata}<extra></extra>",
+    marker: { size: 8, color: single.map((s) => (s ? "#2563eb" : "#ea580c")) } }],
+  { margin: { l: 40, r: 10, t: 10, b: 36 }, font: FONT, hovermode: "closest", showlegend: false,
+    xaxis: { range: xr, title: { text: `axis 1 (${(100 * r.explained[0]).toFixed(1)}% of the last step's variance)` }, zeroline: false },
+    yaxis: { range: yr, title: { text: `axis 2 (${(100 * r.explained[1]).toFixed(1)}%)` }, zeroline: false } }, PLOT_CONFIG);
+  $("growth-map").dataset.step = r.steps[i];
+  const split = single.filter((s) => !s).length;
+  $("growth-map-note").textContent = `${r.words.length} words, ${TABLE_NAME[r.table]}, centred. Each snapshot is rotated onto the last ` +
+    "(orthogonal Procrustes, so the axes do not flip from step to step), scaled to its spread, and drawn on the last one's two " +
+    "principal axes." +
+    (split ? ` ${split} word${split > 1 ? "s are" : " is"} not one token (orange: the mean of its tokens' rows).` : "");
+}
+
+function moveMap() {
+  if (!G.map) return;
+  const i = +$("growth-step").value;
+  const f = mapFrame(i);
+  Plotly.animate("growth-map", { data: [{ x: f.x, y: f.y }], traces: [0] },
+    { transition: { duration: 350, easing: "cubic-in-out" }, frame: { duration: 350, redraw: false } })
+    .then(() => { $("growth-map").dataset.step = G.map.steps[i]; });
+}
+
+function drawNeighbours(r) {
+  const list = $("growth-neighbours");
+  list.replaceChildren();
+  const top = Math.max(...r.neighbours.map((n) => Math.abs(n.cos)), 1e-12);
+  for (const n of r.neighbours) {
+    const pick = el("button", { type: "button", title: `token ${n.id}: look it up`, onclick: () => {
+      $("growth-word").value = n.piece.trim() || n.piece;
+      growthRun(stepPanels);
+    } }, piece(n.piece));
+    list.append(el("li", { "data-id": n.id }, pick, el("span", { class: "score", text: n.cos.toFixed(3) }),
+      el("span", { class: "bar", style: `width:${Math.round(80 * Math.abs(n.cos) / top)}px` })));
+  }
+  list.dataset.step = r.step;
+  $("growth-word-note").textContent = `${r.word} → ${formText(r.form)} · ${TABLE_NAME[r.table]} at step ${r.step.toLocaleString("en")}, whole-word tokens`;
+}
+
+function drawUpdates(r) {
+  const groups = [["seen", "seen in the batches", "#2563eb"], ["unseen", "in no batch", "#ea580c"]];
+  const zero = r.rows.filter((x) => x.moved === 0).length;
+  const traces = groups.map(([key, label, color]) => {
+    const rows = r.rows.filter((x) => (key === "seen" ? x.seen > 0 : x.seen === 0));
+    return { type: "scatter", mode: "markers", name: `${label} (${rows.length})`, x: rows.map((x) => x.seen), y: rows.map((x) => x.moved),
+      text: rows.map((x) => show(x.piece)), marker: { size: 6, color, opacity: 0.6 },
+      hovertemplate: "%{text}<br>in %{x} steps' batches, ‖Δ‖ = %{y:.3g}<extra></extra>" };
+  });
+  Plotly.react("growth-updates", traces, { margin: { l: 60, r: 10, t: 28, b: 44 }, font: FONT, hovermode: "closest",
+    xaxis: { title: { text: `steps (of ${r.steps}) whose batch held the token` }, range: [-0.04 * r.steps - 0.3, 1.04 * r.steps + 0.3], zeroline: false },
+    yaxis: { type: zero ? "linear" : "log", exponentformat: "power", dtick: zero ? undefined : "D2", title: { text: `‖Δ‖ of the row${zero ? "" : " (log scale)"}` } },
+    legend: { orientation: "h", x: 0, y: 1.12 } }, PLOT_CONFIG);
+  $("growth-updates").dataset.interval = `${r.start}-${r.end}`;
+  $("growth-interval").textContent = `to step ${r.end.toLocaleString("en")} (${r.steps} step${r.steps > 1 ? "s" : ""}, ${TABLE_NAME[r.table]})`;
+  $("growth-why").textContent = r.why;
+  const say = (g, what) => (g.tokens ? `${g.tokens} tokens ${what}: mean ‖Δ‖ ${fmt(g.mean_moved, 5)}, ${pct(g.share_moved)} of them moved` : `no token ${what}`);
+  $("growth-updates-summary").textContent = `${say(r.groups.seen, "seen")}; ${say(r.groups.unseen, "in no batch")}.` +
+    (zero ? ` ${zero} row${zero > 1 ? "s" : ""} did not move at all (‖Δ‖ = 0).` : "");
+}
+
+// Every Growth request runs as a job: only the latest job draws and sets the view's state (ready or
+// error), so answers that arrive out of order while the slider moves never overwrite newer ones.
+async function growthRun(work) {
+  const mine = ++G.seq, section = $("growth"), live = () => mine === G.seq;
+  $("growth-error").textContent = "";
+  section.dataset.state = "loading";
+  try {
+    await work(live);
+    if (live()) section.dataset.state = "ready";
+  } catch (e) {
+    if (!live()) return;
+    $("growth-error").textContent = e.message;
+    section.dataset.state = "error";
+  }
+}
+
+// The step-dependent panels (neighbours, sparse updates) for the slider's step.
+async function stepPanels(live) {
+  const steps = G.info.steps, i = +$("growth-step").value, table = $("growth-table").value;
+  const end = i > 0 ? steps[i] : steps[1], start = Math.min(+$("growth-from").value, end - 1);
+  const [nb, up] = await Promise.all([
+    api("/api/growth/neighbours", { word: $("growth-word").value, step: steps[i], k: intField("growth-k"), table }),
+    steps.length > 1 ? api("/api/growth/updates", { start, end, table }) : null,  // one snapshot: no interval yet
+  ]);
+  if (!live()) return;
+  drawNeighbours(nb);
+  if (up) drawUpdates(up);
+  else $("growth-updates-summary").textContent = "The run has kept one snapshot so far: there is no interval to compare.";
+  $("growth").dataset.step = steps[i];
+}
+
+const splitWords = (text) => text.split(/[,\n]+/).map((w) => w.trim()).filter(Boolean);
+
+// The panels over all steps (pairs, ρ, the map), for the chosen table and words.
+async function seriesPanels(live) {
+  const table = $("growth-table").value, centred = $("growth-centred").checked;
+  const pairs = $("growth-pairs-words").value.split(",").map((p) => p.trim().split(/\s+/).filter(Boolean)).filter((p) => p.length);
+  const draw = (fn) => (r) => { if (live()) fn(r); };  // each panel as soon as its answer comes
+  await Promise.all([
+    api("/api/growth/pairs", { pairs, table, centred }).then(draw(drawPairs)),
+    api("/api/growth/rho", { table, centred }).then(draw(drawRho)),
+    api("/api/growth/map", { words: splitWords($("growth-map-words").value), table }).then(draw(drawMap)),
+  ]);
+}
+
+function fillFrom() {
+  const steps = G.info.steps, i = +$("growth-step").value, choices = i > 0 ? steps.slice(0, i) : [steps[0]];
+  $("growth-from").replaceChildren(...choices.map((s) => el("option", { value: s, text: s.toLocaleString("en") })));
+  $("growth-from").value = String(choices[choices.length - 1]);
+}
+
+function labelStep() {
+  const i = +$("growth-step").value, s = G.info.steps[i];
+  $("growth-step-label").textContent = `step ${s.toLocaleString("en")}${s === 0 ? " (the initialisation)" : ""} · snapshot ${i + 1} of ${G.info.steps.length}`;
+  fillFrom();
+}
+
+// The slider moves: the label, the marks on the curves and the map follow at once; the panels of
+// the new step are asked for once the slider rests (150 ms).
+function onSlide() {
+  labelStep();
+  markStep();
+  moveMap();
+  clearTimeout(G.timer);
+  G.timer = setTimeout(() => growthRun(stepPanels), 150);
+}
+
+DRAW.growth = () => growthRun(async (live) => {
+  const r = await api("/api/growth");
+  if (!r.live) {
+    $("growth-absent").textContent = r.note;
+    $("growth-absent").hidden = false;
+    return;
+  }
+  G.info = r;
+  $("growth-live").hidden = false;
+  $("growth-step").max = String(r.steps.length - 1);
+  $("growth-step").value = String(r.steps.length - 1);
+  $("growth-map-words").value = r.map_words.join(", ");
+  $("growth-pairs-words").value = r.lesson_pairs.map((p) => p.join(" ")).join(", ");
+  $("growth-suggestions").replaceChildren(...r.suggestions.map((w) => el("option", { value: w })));
+  $("growth-run").textContent = `${r.run}: ${r.steps.length} snapshot${r.steps.length > 1 ? "s" : ""}, steps ${r.steps[0]} to ${r.steps[r.steps.length - 1].toLocaleString("en")}; ` +
+    `V ${r.V.toLocaleString("en")}, d ${r.d}` + (r.rows < r.V ? `, ${r.rows.toLocaleString("en")} rows kept per snapshot` : "") +
+    `; recipe ${r.recipe}.` + (r.wordsets.fetched ? "" : ` ${r.wordsets.note}`);
+  labelStep();
+  await Promise.all([seriesPanels(live), stepPanels(live)]);
+});
+
+function startGrowth() {
+  const redraw = (series) => () => growthRun(async (live) => {
+    await Promise.all([series ? seriesPanels(live) : null, stepPanels(live)]);
+  });
+  $("growth-step").addEventListener("input", onSlide);
+  $("growth-from").addEventListener("change", redraw(false));
+  $("growth-table").addEventListener("change", redraw(true));
+  $("growth-centred").addEventListener("change", redraw(true));
+  onSubmit("growth-word-form", redraw(false));
+  onSubmit("growth-map-form", redraw(true));
+  onSubmit("growth-pairs-form", redraw(true));
+}
+
 // ---------------------------------------------------------------- start
 
 function onSubmit(id, fn) {
@@ -410,6 +665,7 @@ async function start() {
   $("compare-lesson").addEventListener("click", lesson);
   $("gen-stop").addEventListener("click", () => genAbort && genAbort.abort());
   $("params-preset").addEventListener("change", DRAW.params);
+  startGrowth();
   window.addEventListener("hashchange", () => select(location.hash.slice(1)));
   try {
     INFO = await api("/api/info");
