@@ -423,3 +423,45 @@ def test_serve_command_errors(lab_checkpoint, capsys):
     assert "--port must be from 0 to 65535" in capsys.readouterr().err
     assert main(["serve", "--checkpoint", str(lab_checkpoint), "--api-key", ""]) == 2
     assert "--api-key must be printable" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("host", ["127.0.0.2", "::1", "localhost"])
+def test_every_loopback_address_answers_only_loopback_hosts(lab_checkpoint, host):
+    """A page elsewhere that points a DNS name at a loopback address is refused on any of them."""
+    from andrea.web.serve import Served, ServeServer
+
+    g = load_generator(lab_checkpoint)
+    try:
+        server = ServeServer(Served(g.model, g.tokenizer, "lab"), host, 0, max_batch=2)
+    except AndreaError as e:  # no IPv6 loopback on this machine
+        pytest.skip(str(e))
+    url = server.start()
+    try:
+        ask = {"prompt": "the", "max_tokens": 3}
+        for name, status in (("evil.example", 400), ("evil.example:80", 400), ("localhost.evil.example", 400),
+                             ("", 400), ("127.0.0.1:x", 400), ("localhost", 200), ("[::1]:9", 200),
+                             ("127.0.0.1", 200), (f"[{host}]" if ":" in host else host, 200)):
+            r = httpx.post(f"{url}v1/completions", json=ask, headers={"host": name}, timeout=30)
+            assert r.status_code == status, (name, r.text)
+        r = httpx.post(f"{url}v1/completions", json={**ask, "seed": 2**64 - 1}, timeout=30)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 3
+    finally:
+        server.stop()
+
+
+def test_a_request_not_streamed_whose_client_hangs_up_frees_its_slot(server):
+    import socket
+
+    body = json.dumps({"prompt": "the", "max_tokens": 4096, "temperature": 0}).encode()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: " + str(len(body)).encode()
+                     + b"\r\n\r\n" + body)
+        deadline = time.monotonic() + 30
+        while _health(server)["decoding"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert _health(server)["decoding"] == 1
+    deadline = time.monotonic() + 30
+    while _health(server)["decoding"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _health(server)["decoding"] == 0

@@ -920,6 +920,21 @@ class ServeServer:
             self.engine.close()
             self.sock.close()
 
+    def start(self) -> str:
+        """Serve from a background thread (no signals there; `stop` ends it); the base URL."""
+        self.thread = threading.Thread(target=self.serve_forever, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise AndreaError("the server did not start.")
+            time.sleep(0.02)
+        return self.url
+
+    def stop(self) -> None:
+        self.engine.stop(0)
+        self.thread.join(timeout=30)
+
 
 def _Uvicorn(config):
     """uvicorn's server, whose signals start the drain (`on_signal`) instead of closing at once."""
