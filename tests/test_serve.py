@@ -465,3 +465,62 @@ def test_a_request_not_streamed_whose_client_hangs_up_frees_its_slot(server):
     while _health(server)["decoding"] and time.monotonic() < deadline:
         time.sleep(0.02)
     assert _health(server)["decoding"] == 0
+
+
+SLOW_LOAD = """
+import sys, time
+import andrea.generate
+from andrea.cli import main
+
+real = andrea.generate.load
+
+def slow_load(*args):  # the real load, after a pause in which the signal arrives
+    print("loading", flush=True)
+    time.sleep(30)
+    return real(*args)
+
+andrea.generate.load = slow_load
+sys.exit(main(["serve", "--checkpoint", sys.argv[1], "--port", "0"]))
+"""
+
+
+def test_sigterm_while_loading_ends_at_once_with_exit_0(lab_checkpoint):
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_LOAD, str(lab_checkpoint)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=Server.ENV)
+    assert proc.stdout.readline() == "loading\n"
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and "andrea serve: stopped." in out and "Traceback" not in err
+
+
+def test_no_request_opens_a_file(lab_checkpoint, monkeypatch):
+    import builtins
+
+    from andrea.web.serve import Served, ServeServer
+
+    g = load_generator(lab_checkpoint)
+    server = ServeServer(Served(g.model, g.tokenizer, "lab"), "127.0.0.1", 0, max_batch=2)
+    url = server.start()
+    opened = []
+    real_open = builtins.open
+
+    def spy(file, *args, **kwargs):
+        opened.append(str(file))
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", spy)
+    monkeypatch.setattr(os, "open", lambda *a, **k: opened.append(str(a[0])) or pytest.fail("os.open"))
+    try:
+        with httpx.Client(base_url=url, timeout=30) as h:
+            for path, body in (("v1/completions", {"prompt": "/etc/passwd", "max_tokens": 3}),
+                               ("v1/completions", {"prompt": "~/.ssh/id_rsa", "stop": "../x", "max_tokens": 3}),
+                               ("v1/chat/completions", {"messages": [{"role": "system", "content": "/etc/shadow"},
+                                                                     {"role": "user", "content": "file:///etc"}]}),
+                               ("v1/completions", {"prompt": "x", "model": "../../etc/passwd"})):
+                assert h.post(path, json=body).status_code in (200, 404)
+            assert h.get("v1/models/..%2f..%2fetc%2fpasswd").status_code == 404
+            assert h.get("health").status_code == 200
+    finally:
+        monkeypatch.undo()
+        server.stop()
+    assert opened == []

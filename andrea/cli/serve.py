@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 
 MAX_BATCH = 256
 MAX_QUEUE = 4_096
@@ -33,16 +34,35 @@ def _check(args, cfg) -> None:
                           f"this machine's {memory / 2**30:.1f} GiB; give a smaller --max-batch.")
 
 
+class _Stopped(Exception):
+    """A SIGTERM or Ctrl-C before the server serves: nothing is in flight, so it just ends."""
+
+
+def _stop_now(sig, frame):
+    raise _Stopped
+
+
 def cmd_serve(args) -> int:
-    import torch
-
-    from andrea.errors import AndreaError
-    from andrea.generate import load
-    from andrea.web.serve import Served, ServeServer, model_id
-
     if args.api_key is None:
         args.api_key = os.environ.get("ANDREA_API_KEY") or None
     _check(args, None)
+    before = {s: signal.signal(s, _stop_now) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return _serve(args)
+    except _Stopped:
+        print("andrea serve: stopped.", flush=True)
+        return 0
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+
+
+def _serve(args) -> int:
+    import torch
+
+    from andrea.generate import load
+    from andrea.web.serve import Served, ServeServer, model_id
+
     generator = load(args.checkpoint, "cpu")
     cfg = generator.config
     _check(args, cfg)
@@ -60,10 +80,7 @@ def cmd_serve(args) -> int:
     if not server.loopback:
         print(f"note: listening on {args.host}: other machines that can reach it can use it with the API key.")
     print(f"OpenAI API at {server.url}v1 (Ctrl-C stops the server)", flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:  # a signal before uvicorn took over the handlers
-        raise AndreaError("stopped before the server had started.") from None
+    server.serve_forever()  # uvicorn's signal handlers (the drain) hold while it serves
     print("andrea serve: stopped.", flush=True)
     return 0
 
