@@ -524,3 +524,30 @@ def test_no_request_opens_a_file(lab_checkpoint, monkeypatch):
         monkeypatch.undo()
         server.stop()
     assert opened == []
+
+
+def test_a_reply_never_sends_a_stop_string_nor_loses_what_it_held_back(lab_checkpoint):
+    from andrea.web.serve import Reply
+
+    tok = load_generator(lab_checkpoint).tokenizer
+    ids = tok.encode("the cat sat on a mat", bos=False)
+
+    def run(stops, upto=None):
+        reply, sent = Reply(tok, stops), []
+        for t in ids[:upto]:
+            text, stopped = reply.add(t)
+            sent.append(text)
+            if stopped:
+                return "".join(sent), True
+        text, stopped = reply.finish()
+        return "".join(sent) + text, stopped
+
+    assert run([]) == ("the cat sat on a mat", False)
+    assert run(["sat", "zz"]) == ("the cat ", True)
+    assert run(["mat"]) == ("the cat sat on a ", True)
+    assert run(["at on a m"]) == ("the cat s", True)
+    assert run(["mat and"]) == ("the cat sat on a mat", False)  # held back to the end, then sent
+    n = len(tok.encode("the cat sat on", bos=False))
+    assert run(["on a"], upto=n) == ("the cat sat on", False)  # the reply ended (BOS, length) inside a prefix
+    reply = Reply(tok, ["x"])
+    assert reply.add(tok.encode("é", bos=False)[0])[0] in ("", "é")  # whole characters only

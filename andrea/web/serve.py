@@ -268,9 +268,10 @@ class Reply:
         """(text that may be sent now, whether a stop string was reached)."""
         return self._cut(self.held + self.decoder.decode(self.tokenizer.token_bytes(token)), False)
 
-    def finish(self) -> str:
-        """What is left to send when the reply ends without a stop string."""
-        return self._cut(self.held + self.decoder.decode(b"", final=True), True)[0]
+    def finish(self) -> tuple[str, bool]:
+        """What is left to send when the reply ends (at BOS or its length), and whether the last
+        of it completes a stop string after all."""
+        return self._cut(self.held + self.decoder.decode(b"", final=True), True)
 
 
 class Job:
@@ -391,6 +392,10 @@ class Engine:
                 job.seq = self.decoder.join(job.ids, s["temperature"], s["top_k"], s["top_p"], s["seed"], owner=job)
             except AndreaError as e:
                 self._end(job, out, ("error", ApiError(400, str(e))))
+            except Exception as e:  # a fault of the server: this reply ends, the others go on
+                log(f"starting a reply failed: {type(e).__name__}: {e}")
+                self._end(job, out, ("error", ApiError(500, f"starting this reply failed ({type(e).__name__}); "
+                                                            "the server's log says more.")))
 
     def _step(self) -> list:
         """One step: admit, drop the cancelled, end what is overdue, sample, hand out, feed."""
@@ -417,15 +422,16 @@ class Engine:
         go = []
         for seq, tok in self.decoder.pick():
             job = seq.owner
-            if tok == BOS:
-                self._finish(job, out, "", "stop")
+            if tok == BOS:  # not a token of the reply: what it held back goes out
+                self._finish(job, out, job.reply.finish()[0], "stop")
                 continue
             job.tokens += 1
             text, stopped = job.reply.add(tok)
             if stopped:
                 self._finish(job, out, text, "stop")
             elif job.tokens >= job.max_tokens:
-                self._finish(job, out, text + job.reply.finish(), "length")
+                rest, stopped = job.reply.finish()
+                self._finish(job, out, text + rest, "stop" if stopped else "length")
             else:
                 if text:
                     out.append((job, ("text", text)))
