@@ -146,10 +146,11 @@ def read_stream(res: Result) -> Result:
 class ServerProcess:
     """`andrea serve` under /usr/bin/time -v (when there is one), its log in a file, its RSS sampled."""
 
-    def __init__(self, checkpoint: str, max_batch: int, max_queue: int, log_path: Path):
-        self.time_v = shutil.which("time") and Path("/usr/bin/time").exists()
+    def __init__(self, checkpoint: str, max_batch: int, max_queue: int, log_path: Path, threads: int | None = None):
+        self.time_v = Path("/usr/bin/time").exists()
         cmd = [sys.executable, "-m", "andrea", "serve", "--checkpoint", checkpoint, "--port", "0", "--max-batch",
                str(max_batch), "--max-queue", str(max_queue), "--drain-seconds", "20"]
+        cmd += ["--threads", str(threads)] if threads else []
         if self.time_v:
             cmd = ["/usr/bin/time", "-v", *cmd]
         self.log_path = log_path
@@ -392,7 +393,7 @@ def print_levels(args, server: ServerProcess, model: dict, rows, figures, notes)
     print()
     print(f"machine: {machine_line()}")
     print(f"server: {server.banner[0].removeprefix('andrea serve: ')}; --max-batch {args.max_batch} --max-queue "
-          f"{args.max_queue}; on 127.0.0.1, the clients in this process (asyncio, plain HTTP/1.1)")
+          f"{args.max_queue}{f' --threads {args.threads}' if args.threads else ''}; on 127.0.0.1, the clients in this process (asyncio, plain HTTP/1.1)")
     print(f"requests: {args.requests}, streamed, prompts of 1 to 6 sentences (at most half the context), up to {args.max_tokens} new tokens each, "
           f"temperature {args.temperature:g}, top-k 40, each its own seed; the same set at every level")
     print()
@@ -440,6 +441,7 @@ def main() -> int:
     ap.add_argument("--levels", type=int, nargs="+", default=list(LEVELS), help="clients at once (default 1 4 16 64)")
     ap.add_argument("--max-batch", type=int, default=64, help="the server's --max-batch (default 64)")
     ap.add_argument("--max-queue", type=int, default=64, help="the server's --max-queue (default 64)")
+    ap.add_argument("--threads", type=int, help="the server's --threads (default: torch's choice)")
     ap.add_argument("--soak-seconds", type=float, default=300, help="the soak's length (default 300; 0: no soak)")
     ap.add_argument("--soak-clients", type=int, default=16, help="clients at once in the soak (default 16)")
     ap.add_argument("--greedy-tokens", type=int, default=48, help="new tokens of the soak's greedy requests (default 48)")
@@ -448,7 +450,7 @@ def main() -> int:
         ap.error("--levels must start with 1 (one at a time): the other levels are compared with it.")
     checkpoint = args.checkpoint or newest_main_checkpoint()
     work = Path(tempfile.mkdtemp(prefix="bench-serve-"))
-    server = ServerProcess(checkpoint, args.max_batch, args.max_queue, work / "server.log")
+    server = ServerProcess(checkpoint, args.max_batch, args.max_queue, work / "server.log", args.threads)
     rc, log, peak = None, "", None
     try:
         import httpx

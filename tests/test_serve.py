@@ -423,6 +423,12 @@ def test_serve_command_errors(lab_checkpoint, capsys):
     assert "--port must be from 0 to 65535" in capsys.readouterr().err
     assert main(["serve", "--checkpoint", str(lab_checkpoint), "--api-key", ""]) == 2
     assert "--api-key must be printable" in capsys.readouterr().err
+    assert main(["serve", "--checkpoint", str(lab_checkpoint), "--threads", "0"]) == 2
+    assert "--threads must be from 1 to 256" in capsys.readouterr().err
+    assert main(["serve", "--checkpoint", str(lab_checkpoint), "--drain-seconds", "nan"]) == 2
+    assert "--drain-seconds must be from 0 to 3600" in capsys.readouterr().err
+    assert main(["serve", "--checkpoint", str(lab_checkpoint), "--max-queue", "-1"]) == 2
+    assert "--max-queue must be from 0" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("host", ["127.0.0.2", "::1", "localhost"])

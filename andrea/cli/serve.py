@@ -18,6 +18,8 @@ def _check(args, cfg) -> None:
         raise AndreaError(f"--max-batch must be from 1 to {MAX_BATCH}, got {args.max_batch}.")
     if not 0 <= args.max_queue <= MAX_QUEUE:
         raise AndreaError(f"--max-queue must be from 0 to {MAX_QUEUE:,}, got {args.max_queue}.")
+    if args.threads is not None and not 1 <= args.threads <= 256:
+        raise AndreaError(f"--threads must be from 1 to 256, got {args.threads}.")
     if not 0 <= args.drain_seconds <= 3600:
         raise AndreaError(f"--drain-seconds must be from 0 to 3600, got {args.drain_seconds:g}.")
     if args.api_key is not None and (not args.api_key.strip() or not args.api_key.isprintable()):
@@ -63,6 +65,8 @@ def _serve(args) -> int:
     from andrea.generate import load
     from andrea.web.serve import Served, ServeServer, model_id
 
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     generator = load(args.checkpoint, "cpu")
     cfg = generator.config
     _check(args, cfg)
@@ -107,6 +111,9 @@ def register(sub) -> None:
                    help="most replies decoded together, each in its own KV-cache slot (default 16)")
     p.add_argument("--max-queue", type=int, default=64, metavar="N",
                    help="most requests waiting for a slot; more are answered 429 (default 64)")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="torch threads for decoding (default: torch's choice, one per core); greedy replies equal "
+                        "`andrea generate --greedy` run with the same number (OMP_NUM_THREADS=N)")
     p.add_argument("--drain-seconds", type=float, default=30.0, metavar="S",
                    help="on SIGTERM or Ctrl-C, how long replies in flight may take to finish (default 30)")
     p.set_defaults(func=cmd_serve)
