@@ -749,33 +749,64 @@ async def read_body(request) -> dict:
     return parse_json(bytes(raw))
 
 
+def check_key(request, key: bytes | None) -> None:
+    """A 401 unless the request sends `Authorization: Bearer KEY` (when the server has a key)."""
+    if key is None:
+        return
+    given = request.headers.get("authorization", "")
+    if not given.lower().startswith("bearer ") or not given[7:].strip():
+        raise ApiError(401, "this server needs an API key: send the header Authorization: Bearer KEY.",
+                       code="invalid_api_key")
+    if not hmac.compare_digest(given[7:].strip().encode("utf-8", "replace"), key):
+        raise ApiError(401, "the API key is wrong.", code="invalid_api_key")
+
+
+def check_model(served: Served, name) -> None:
+    if name is not None and name != served.id:
+        raise ApiError(404, f"there is no model {json.dumps(name)[:80]} here; this server serves {served.id!r} "
+                            f"(GET /v1/models).", "model", "model_not_found")
+
+
+async def reply(request, served: Served, engine: Engine, chat: bool):
+    """A completion or chat request: checked, queued, then streamed or answered whole."""
+    from starlette.concurrency import run_in_threadpool
+    from starlette.responses import JSONResponse, Response
+
+    body = await read_body(request)
+    f = Fields(body, CHAT_FIELDS if chat else COMPLETION_FIELDS)
+    check_model(served, body.get("model"))
+    names = ("max_completion_tokens", "max_tokens") if chat else ("max_tokens",)
+    settings = f.sampling(served.config.vocab_size, 256 if chat else 16, names)
+    stops, stream, usage = f.stops(), f.flag("stream"), f.include_usage()
+    if chat:
+        if "messages" not in body:
+            raise ApiError(400, "messages is required.", "messages")
+        ids = await run_in_threadpool(served.chat_ids, body["messages"], settings["max_tokens"])
+        stops = ["\n"] + stops  # a reply is one line, as in `andrea chat`
+    else:
+        if "prompt" not in body:
+            raise ApiError(400, "prompt is required.", "prompt")
+        ids = await run_in_threadpool(served.completion_ids, body["prompt"])
+    job = Job(ids, settings, stops, served.tokenizer, asyncio.get_running_loop())
+    engine.submit(job)
+    render = Render(served, chat, stream and usage)
+    if stream:
+        return EventStream(job, engine, render)
+    result = await collect(job, engine, render, request.receive)
+    return JSONResponse(result) if result is not None else Response(status_code=204)
+
+
 def create_app(served: Served, engine: Engine, api_key: str | None = None, allowed_hosts: set[str] | None = None):
     """The ASGI app: Starlette routes inside a Guard (see the module's text)."""
     from starlette.applications import Starlette
-    from starlette.concurrency import run_in_threadpool
     from starlette.exceptions import HTTPException
-    from starlette.responses import JSONResponse, Response
+    from starlette.responses import JSONResponse
     from starlette.routing import Route
 
     key = api_key.encode("utf-8") if api_key else None
 
     def error(e: ApiError) -> JSONResponse:
         return JSONResponse(e.body(), status_code=e.status)
-
-    def check_key(request) -> None:
-        if key is None:
-            return
-        given = request.headers.get("authorization", "")
-        if not given.lower().startswith("bearer ") or not given[7:].strip():
-            raise ApiError(401, "this server needs an API key: send the header Authorization: Bearer KEY.",
-                           code="invalid_api_key")
-        if not hmac.compare_digest(given[7:].strip().encode("utf-8", "replace"), key):
-            raise ApiError(401, "the API key is wrong.", code="invalid_api_key")
-
-    def check_model(name) -> None:
-        if name is not None and name != served.id:
-            raise ApiError(404, f"there is no model {json.dumps(name)[:80]} here; this server serves {served.id!r} "
-                                f"(GET /v1/models).", "model", "model_not_found")
 
     def model_card() -> dict:
         return {"id": served.id, "object": "model", "created": served.created, "owned_by": "andrea",
@@ -785,7 +816,7 @@ def create_app(served: Served, engine: Engine, api_key: str | None = None, allow
         async def endpoint(request):
             try:
                 if auth:
-                    check_key(request)
+                    check_key(request, key)
                 return await fn(request)
             except ApiError as e:
                 return error(e)
@@ -794,41 +825,17 @@ def create_app(served: Served, engine: Engine, api_key: str | None = None, allow
 
         return endpoint
 
-    async def start(request, chat: bool):
-        body = await read_body(request)
-        f = Fields(body, CHAT_FIELDS if chat else COMPLETION_FIELDS)
-        check_model(body.get("model"))
-        names = ("max_completion_tokens", "max_tokens") if chat else ("max_tokens",)
-        settings = f.sampling(served.config.vocab_size, 256 if chat else 16, names)
-        stops, stream, usage = f.stops(), f.flag("stream"), f.include_usage()
-        if chat:
-            if "messages" not in body:
-                raise ApiError(400, "messages is required.", "messages")
-            ids = await run_in_threadpool(served.chat_ids, body["messages"], settings["max_tokens"])
-            stops = ["\n"] + stops  # a reply is one line, as in `andrea chat`
-        else:
-            if "prompt" not in body:
-                raise ApiError(400, "prompt is required.", "prompt")
-            ids = await run_in_threadpool(served.completion_ids, body["prompt"])
-        job = Job(ids, settings, stops, served.tokenizer, asyncio.get_running_loop())
-        engine.submit(job)
-        render = Render(served, chat, stream and usage)
-        if stream:
-            return EventStream(job, engine, render)
-        result = await collect(job, engine, render, request.receive)
-        return JSONResponse(result) if result is not None else Response(status_code=204)
-
     async def completions(request):
-        return await start(request, chat=False)
+        return await reply(request, served, engine, chat=False)
 
     async def chat_completions(request):
-        return await start(request, chat=True)
+        return await reply(request, served, engine, chat=True)
 
     async def models(request):
         return JSONResponse({"object": "list", "data": [model_card()]})
 
     async def one_model(request):
-        check_model(request.path_params["name"])
+        check_model(served, request.path_params["name"])
         return JSONResponse(model_card())
 
     async def health(request):
