@@ -222,13 +222,10 @@ class Chat:
 
     def prompt_ids(self, line: str) -> list[int]:
         """The ids the model sees before replying to line, after dropping turns that do not fit."""
-        room = self.generator.config.block_size - min(self.max_new_tokens, window_keep(self.generator.config.block_size))
-        while True:
-            text = "".join(f"> {person}\n< {model}\n" for person, model in self.turns) + f"> {line}\n< "
-            ids = self.generator.tokenizer.encode(text, bos=True)
-            if len(ids) <= room or not self.turns:
-                return ids
-            self.turns.pop(0)
+        ids, dropped = chat_prompt_ids(self.generator.tokenizer, self.generator.config.block_size, self.max_new_tokens,
+                                       self.turns, line)
+        del self.turns[:dropped]
+        return ids
 
     def reply(self, line: str) -> Iterator[str]:
         """Stream the model's answer to line; the turn joins the history once the answer ends."""
@@ -245,6 +242,29 @@ class Chat:
             if newline:
                 break
         self.turns.append((line, "".join(answer)))
+
+
+def chat_prompt_ids(tokenizer, block_size: int, max_new_tokens: int, turns, line: str, preamble: str = "",
+                    max_token_bytes: int | None = None) -> tuple[list[int], int]:
+    """(ids, n): what the model sees before replying to line after the turns (person, model) so
+    far, in ANDREA's turn format after BOS and `preamble`, once the n oldest turns are dropped
+    because the whole plus room for a reply (max_new_tokens, at most half the context) would not
+    fit the context. With max_token_bytes (the longest token's bytes), turns too long in bytes
+    to fit in any tokenization are dropped before anything is encoded."""
+    room = block_size - min(max_new_tokens, window_keep(block_size))
+    texts = [f"> {person}\n< {model}\n" for person, model in turns]
+    tail = preamble + f"> {line}\n< "
+    n = 0
+    if max_token_bytes:
+        size = len(tail.encode("utf-8")) + sum(len(t.encode("utf-8")) for t in texts)
+        while n < len(texts) and 1 + -(-size // max_token_bytes) > room:
+            size -= len(texts[n].encode("utf-8"))
+            n += 1
+    while True:
+        ids = tokenizer.encode(preamble + "".join(texts[n:]) + f"> {line}\n< ", bos=True)
+        if len(ids) <= room or n == len(texts):
+            return ids, n
+        n += 1
 
 
 def load(path, device="cpu") -> TextGenerator:

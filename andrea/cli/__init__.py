@@ -22,6 +22,7 @@ COMMAND_MODULES = [
     "andrea.cli.tokenizer",
     "andrea.cli.train",
     "andrea.cli.generate",
+    "andrea.cli.serve",
     "andrea.cli.convert",
     "andrea.cli.embed",
     "andrea.cli.lab",
