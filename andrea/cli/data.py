@@ -34,19 +34,24 @@ def cmd_data_fetch(args) -> int:
 
 def cmd_data_list(args) -> int:
     from andrea.corpus import EXTENDED_SOURCES, GENRE_SOURCES, SOURCES, corpus_dir, source_meta
+    from andrea.sources import fetched_problem
 
     rows = []
     for group, table in (("default", SOURCES), ("extended", EXTENDED_SOURCES), ("genre", GENRE_SOURCES)):
         for name, source in table.items():
             path = corpus_dir() / name
-            meta = source_meta(path) if (path / "meta.json").exists() else None
+            problem = fetched_problem(path) if path.exists() else None  # a damaged cache is listed, not fatal
+            meta = source_meta(path) if path.exists() and problem is None else None
             rows.append({"name": name, "set": group, "description": source.description, "package": source.package,
-                         "sha256": source.sha256, "licence": source.licence, "fetched": meta is not None, "meta": meta})
+                         "sha256": source.sha256, "licence": source.licence, "fetched": meta is not None, "meta": meta,
+                         "damaged": problem})
     if args.json:
         print_json(rows)
         return 0
     for r in rows:
         state = f"{r['meta']['train_bytes'] + r['meta']['val_bytes']:>12,} bytes" if r["fetched"] else "not fetched"
+        if r["damaged"]:
+            state = f"damaged ({r['damaged']}): `andrea data fetch {r['name']}` fetches it again"
         print(f"{r['name']:<14} {r['set']:<9} {r['description']:<55} {r['package']:<34} {state}")
     return 0
 
