@@ -31,7 +31,7 @@ from safetensors.torch import save_file
 
 from andrea.config import ModelConfig, is_int
 from andrea.errors import AndreaError
-from andrea.files import atomic_output
+from andrea.files import atomic_output, check_regular
 
 FORMAT = "andrea-checkpoint"
 VERSION = 1
@@ -101,11 +101,9 @@ def _resolve(path) -> Path:
     if path.is_dir():
         for name in ("best.safetensors", "latest.safetensors"):
             if (path / name).exists():
-                return path / name
+                return check_regular(path / name, "checkpoint")
         raise AndreaError(f"{path} is a folder with no best.safetensors or latest.safetensors in it.")
-    if not path.exists():
-        raise AndreaError(f"checkpoint {path} does not exist.")
-    return path
+    return check_regular(path, "checkpoint")  # a FIFO would block safetensors' reader forever
 
 
 def load_checkpoint(path, optimizer: bool = True) -> Checkpoint:

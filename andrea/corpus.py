@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Callable
 
 from andrea.errors import AndreaError
-from andrea.files import read_json
 
 VAL_EVERY = 20  # document i is held out for validation when i % VAL_EVERY == VAL_EVERY // 2
 
@@ -308,9 +307,14 @@ def _download(source: Source, workdir: Path) -> Path:
 
 def fetch_source(source: Source, root: Path | None = None, log=print) -> Path:
     """Fetch, check, unpack and split one source; return its cache folder. Cached: runs once."""
+    from andrea.sources import fetched_problem
+
     out = (root or corpus_dir()) / source.name
-    if (out / "meta.json").exists():
-        return out
+    if out.exists():
+        problem = fetched_problem(out)
+        if problem is None:
+            return out
+        log(f"note: the cache of {source.name} in {out} is damaged ({problem}); fetching it again")
     with tempfile.TemporaryDirectory() as tmp:
         archive = _download(source, Path(tmp))
         blob = archive.read_bytes()
@@ -368,7 +372,10 @@ def fetch_default_corpus(root: Path | None = None, log=print, extended: bool = F
 
 
 def source_meta(path: Path) -> dict:
-    return read_json(Path(path) / "meta.json", "source record")
+    """The record of a fetched source's cache folder, checked with its split files."""
+    from andrea.sources import check_fetched
+
+    return check_fetched(Path(path))
 
 
 def resolve_source(spec: str | Path) -> Path:
@@ -378,6 +385,9 @@ def resolve_source(spec: str | Path) -> Path:
         return path
     cached = corpus_dir() / str(spec)
     if (cached / "meta.json").exists():
+        from andrea.sources import check_fetched
+
+        check_fetched(cached)
         return cached
     if str(spec) in SOURCES:
         raise AndreaError(f"source {spec} is not fetched yet; run `andrea data fetch` first.")

@@ -339,6 +339,8 @@ def plot_curriculum(history: list[dict], path) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    from andrea.lab import plain_text
+
     names = list(history[0]["weights"])
     for h in history:
         if h["source"] not in names:
@@ -363,5 +365,6 @@ def plot_curriculum(history: list[dict], path) -> None:
     ax_weight.set_ylim(0, 1)
     ax_weight.set_xlabel("step")
     ax_pulls.set_title("curriculum: which source each step drew from")
+    plain_text(fig)
     fig.tight_layout()
     fig.savefig(path, format="png")

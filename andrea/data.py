@@ -18,7 +18,9 @@ it is opened. A shard is written as `<file>.partial` and renamed when whole. `ma
 its token count, largest id and the SHA-256 of its tokens (the file after its header); it also
 holds the settings, the tokenizer's fingerprint and each source's file signature (paths, sizes,
 modification times), and is written last, atomically, so it never names a partial shard. The
-tokenizer is saved beside it in `tokenizer/`. While a preparation runs, `prepare-progress.json`
+tokenizer is saved beside it in `tokenizer/`. Before a run's first step every shard is checked
+against the manifest (ids below V, the recorded SHA-256: `verify_shards`); `verified.json` notes
+the shards so checked, by size and modification time, so an unchanged shard is read only once. While a preparation runs, `prepare-progress.json`
 records the finished parts; run again with the same settings, preparation resumes after the last
 of them (and a finished folder prepared again reuses every source whose files have not changed).
 A version 1 manifest (one `file` per split) is still read.
@@ -38,8 +40,10 @@ import os
 import re
 import struct
 import sys
+import time
 from array import array
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,7 +52,15 @@ import torch
 
 from andrea.config import is_int
 from andrea.errors import AndreaError
-from andrea.files import atomic_write_bytes, check_writable, read_json, replace_durably
+from andrea.files import (
+    atomic_write_bytes,
+    check_regular,
+    check_writable,
+    read_json,
+    remove_dead_temps,
+    replace_durably,
+    write_error_reason,
+)
 
 MAGIC = b"ANDREATK"
 VERSION = 1
@@ -66,12 +78,9 @@ def write_shard(path: Path, tokens: np.ndarray) -> None:
 
 def open_shard(path: Path) -> np.memmap:
     """Memory-map a shard after checking its header and size."""
-    path = Path(path)
-    try:
-        with open(path, "rb") as f:
-            head = f.read(HEADER.size)
-    except FileNotFoundError:
-        raise AndreaError(f"shard {path} does not exist.") from None
+    path = check_regular(path, "shard")
+    with open(path, "rb") as f:
+        head = f.read(HEADER.size)
     if len(head) < HEADER.size:
         raise AndreaError(f"shard {path} is too short to hold a header ({len(head)} bytes); it is truncated or not a shard.")
     magic, version, width, count, _ = HEADER.unpack(head)
@@ -165,11 +174,23 @@ class _ShardWriter:
     def __init__(self, path: Path):
         self.path = path
         self.tmp = path.with_name(path.name + ".partial")
-        self.f = open(self.tmp, "wb")
-        self.f.write(bytes(HEADER.size))
+        self.f = None
         self.sha = hashlib.sha256()
         self.count = 0
         self.max_id = -1
+        with self._refused():
+            self.f = open(self.tmp, "wb")
+            self.f.write(bytes(HEADER.size))
+
+    @contextmanager
+    def _refused(self):
+        """A write the system refuses (a full disk) ends in one sentence that names the shard."""
+        try:
+            yield
+        except OSError as e:
+            self.abort()
+            raise AndreaError(f"could not write {self.path} ({write_error_reason(e)}); the parts before it are whole: "
+                              f"make room and run the same `andrea prepare` again to resume after them.") from None
 
     def write(self, tokens: array) -> None:
         if not tokens:
@@ -178,20 +199,26 @@ class _ShardWriter:
             tokens = array("H", tokens)
             tokens.byteswap()
         data = tokens.tobytes()
-        self.f.write(data)
+        with self._refused():
+            self.f.write(data)
         self.sha.update(data)
         self.count += len(tokens)
         self.max_id = max(self.max_id, int(np.frombuffer(data, dtype="<u2").max()))
 
     def close(self) -> dict:
-        self.f.seek(0)
-        self.f.write(HEADER.pack(MAGIC, VERSION, 2, self.count, 0))
-        self.f.close()
-        replace_durably(self.tmp, self.path)
+        with self._refused():
+            self.f.seek(0)
+            self.f.write(HEADER.pack(MAGIC, VERSION, 2, self.count, 0))
+            self.f.close()
+            replace_durably(self.tmp, self.path)
         return {"file": self.path.name, "tokens": self.count, "sha256": self.sha.hexdigest(), "max_id": self.max_id}
 
     def abort(self) -> None:
-        self.f.close()
+        if self.f is not None:
+            try:
+                self.f.close()
+            except OSError:
+                pass  # the buffered tail cannot be written either; the file goes
         self.tmp.unlink(missing_ok=True)
 
 
@@ -273,6 +300,7 @@ def prepare(tokenizer, sources: list[str], out_dir, log=print, progress: bool = 
             raise AndreaError(f"{seen[spec.name]} and {given} are both named {spec.name}; name one with NAME=PATH.")
         seen[spec.name] = given
     check_writable(out, "the data folder")
+    remove_dead_temps(out)  # the manifest's or the progress record's, from a preparation that was killed
     settings = _settings(tokenizer, text_field, val_share, int(shard_tokens))
     state = _load_state(out, settings)
     state = {s.name: state[s.name] for s in specs if s.name in state and state[s.name].get("signature") == s.signature()}
@@ -620,6 +648,69 @@ def check_manifest(manifest, where) -> dict:
 
 def _count(value) -> bool:
     return is_int(value) and value >= 0
+
+
+VERIFIED_FILE = "verified.json"  # shards already checked: file -> [size, mtime_ns, sha256, largest id]
+SCAN_TOKENS = 1 << 23  # tokens read at once while a shard is checked (16 MiB)
+
+
+def scan_shard(tokens: np.ndarray) -> tuple[int, str]:
+    """(largest id, SHA-256 of the token bytes) of a shard's tokens, read in blocks."""
+    sha, top = hashlib.sha256(), -1
+    for i in range(0, len(tokens), SCAN_TOKENS):
+        block = np.ascontiguousarray(tokens[i : i + SCAN_TOKENS])
+        top = max(top, int(block.max()))
+        sha.update(block)
+    return top, sha.hexdigest()
+
+
+def verify_shards(data: "TokenData", log=None, save: bool = True) -> None:
+    """Every shard of the data folder holds ids below V only and the bytes whose SHA-256 the
+    manifest records; else one sentence naming the shard, before the first step.
+
+    A full check reads every shard once (numpy's max and hashlib's SHA-256, block by block). A
+    shard whose size and modification time are those recorded in `verified.json` by an earlier
+    full check is not read again: resuming a large corpus costs a stat per shard, not a pass over
+    it. A shard changed in place without a new size or modification time is not noticed."""
+    record_path = data.dir / VERIFIED_FILE
+    try:
+        record = read_json(record_path, "the record of checked shards")
+    except AndreaError:
+        record = {}
+    record = record if isinstance(record, dict) else {}
+    V, start, new, read, tokens_read = data.vocab_size, time.perf_counter(), {}, 0, 0
+    for name, entry in data.manifest["sources"].items():
+        for split in ("train", "val"):
+            listed = entry[split].get("shards", [entry[split]])
+            for s, tokens in zip(listed, getattr(data.sources[name], split).shards):
+                path = data.dir / s["file"]
+                st = path.stat()
+                key = [st.st_size, st.st_mtime_ns, s.get("sha256")]
+                old = record.get(s["file"])
+                if isinstance(old, list) and len(old) == 4 and old[:3] == key and is_int(old[3]) and old[3] < V:
+                    new[s["file"]] = old
+                    continue
+                top, digest = scan_shard(tokens)
+                read, tokens_read = read + 1, tokens_read + len(tokens)
+                if top >= V:
+                    raise AndreaError(f"shard {path} holds token id {top:,}, but V = {V:,}: it is damaged or was made with "
+                                      f"another tokenizer; prepare the data again.")
+                if s.get("sha256") is not None and digest != s["sha256"]:
+                    raise AndreaError(f"shard {path} no longer holds the tokens the manifest records (SHA-256 {digest[:16]}..., "
+                                      f"recorded {str(s['sha256'])[:16]}...): it changed after `andrea prepare`; prepare the data again.")
+                new[s["file"]] = key + [top]
+    if save and new != record:
+        try:
+            atomic_write_bytes(record_path, (json.dumps(new, indent=0) + "\n").encode())
+        except AndreaError:
+            pass  # a read-only data folder: every start checks its shards in full
+    if log is not None:
+        kept, what = len(new) - read, "ids below V, SHA-256 as recorded"
+        if read:
+            log(f"shards: {read:,} checked in full ({tokens_read:,} tokens: {what}) in {time.perf_counter() - start:.2f} s"
+                + (f"; {kept:,} unchanged since their last check" if kept else ""))
+        else:
+            log(f"shards: all {kept:,} unchanged since their last full check ({what})")
 
 
 def check_validation(data: "TokenData", names, seq_len: int) -> None:

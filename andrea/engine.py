@@ -26,8 +26,10 @@ import argparse
 import codecs
 import json
 import math
+import os
 import random
 import re
+import stat
 import sys
 from operator import mul
 
@@ -183,6 +185,8 @@ class Model:
     @classmethod
     def load(cls, path) -> "Model":
         try:
+            if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the read, a device never end
+                raise EngineError(f"{path} is not a regular file; give the JSON model's file.")
             with open(path, "rb") as f:
                 doc = json.loads(f.read())
         except OSError as e:
@@ -284,8 +288,8 @@ class Model:
         """New token ids after prompt_ids; temperature 0 is greedy."""
         if not prompt_ids:
             raise EngineError("the prompt is empty; give at least one token.")
-        if max_new_tokens < 1 or temperature < 0 or (top_k is not None and top_k < 1):
-            raise EngineError("max-new-tokens and top-k must be at least 1 and temperature at least 0.")
+        if max_new_tokens < 1 or not (math.isfinite(temperature) and temperature >= 0) or (top_k is not None and top_k < 1):
+            raise EngineError("max-new-tokens and top-k must be at least 1 and temperature a finite number, at least 0.")
         rng = random.Random(seed)
         T, keep = self.block_size, max(1, self.block_size // 2)
         seq = list(prompt_ids)
@@ -313,7 +317,8 @@ class Model:
 def sample(logits, temperature: float, top_k: int | None, rng: random.Random) -> int:
     if temperature == 0:
         return max(range(len(logits)), key=logits.__getitem__)  # the first of equal maxima, as argmax
-    scaled = [x / temperature for x in logits]
+    top = max(logits)
+    scaled = [(x - top) / temperature for x in logits]  # at most 0 and never NaN, however small the temperature
     if top_k is not None and top_k < len(scaled):
         kth = sorted(scaled, reverse=True)[top_k - 1]
         scaled = [x if x >= kth else -math.inf for x in scaled]

@@ -11,7 +11,13 @@ names the target, which is left as it was.
 
 `FolderLock` keeps two processes from working in one folder at once (two training runs in one
 run folder): an exclusive `flock` on a file in the folder, held while the process lives, so a
-killed process never leaves a stale lock behind.
+killed process never leaves a stale lock behind. A process killed while it writes (SIGKILL, a
+power cut) leaves its temporary file; `remove_dead_temps`, called by whoever holds the folder's
+lock, removes those whose process is no longer alive.
+
+Everything andrea reads from a path it is given must be a regular file (`check_regular`): a FIFO
+would block the reader forever and a device such as /dev/zero never ends, so both are refused
+with one sentence before they are opened.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import json
 import os
 import re
 import secrets
+import stat
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -124,9 +131,72 @@ def check_writable(folder, what: str = "the folder") -> None:
         raise AndreaError(f"cannot write to {what} {folder} ({e.strerror}).") from None
 
 
+_KINDS = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder"))
+
+
+def check_regular(path, what: str = "file") -> Path:
+    """path, once it is known to name a regular file (through any symlinks); else an AndreaError.
+
+    A FIFO, a device or a socket is refused by its kind before anything opens it: opening a FIFO
+    blocks until something writes to it, and a device like /dev/zero is read without end."""
+    path = Path(path)
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise AndreaError(f"{what} {path} does not exist.") from None
+    except OSError as e:
+        raise AndreaError(f"{what} {path} cannot be read ({write_error_reason(e)}).") from None
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+        raise AndreaError(f"{what} {path} is {kind}, not a regular file; andrea reads only regular files "
+                          f"(copy the data into a file first).")
+    return path
+
+
+def remove_dead_temps(folder) -> list[Path]:
+    """Remove the temporary files (NAME.tmp-PID-HEX) in folder whose process is no longer alive,
+    as a killed write leaves them; return them. Call it only while holding the folder's lock:
+    a live process's temporary file, this one's included, is never touched."""
+    removed = []
+    try:
+        entries = list(Path(folder).iterdir())
+    except OSError:
+        return removed
+    for p in entries:
+        found = _TEMP_RE.fullmatch(p.name)
+        if found is None or _alive(int(found.group(1))):
+            continue
+        try:
+            if p.is_file() and not p.is_symlink():
+                p.unlink()
+                removed.append(p)
+        except OSError:
+            pass  # left for the next run to try again
+    return removed
+
+
+_TEMP_RE = re.compile(r".+" + re.escape(TMP_MARK) + r"(\d+)-[0-9a-f]{8}")
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process with this id exists (one of another user's counts as alive)."""
+    if pid == os.getpid() or pid <= 0:
+        return True  # this process, or no process id a temporary name gets: the file stays
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (OSError, OverflowError):
+        return True  # it exists but is not ours (EPERM), or the number is no process id
+    return True
+
+
 def read_json(path, what: str = "file"):
     """The JSON value in a file, or an AndreaError that names `what`, the path and the problem."""
     path = Path(path)
+    if path.exists() and not path.is_dir():
+        check_regular(path, what)
     try:
         return json.loads(path.read_bytes())
     except FileNotFoundError:

@@ -61,10 +61,16 @@ def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, t
 @torch.inference_mode()
 def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
                 top_p: float | None = None, greedy: bool = False, generator: torch.Generator | None = None) -> int:
-    """One token id from a (V,) vector of logits."""
+    """One token id from a (V,) vector of logits.
+
+    The arithmetic is float64 and the largest logit is subtracted before dividing by the
+    temperature, so any temperature the checks allow (down to the smallest float above 0) gives
+    finite scaled logits of at most 0: a tiny temperature is the argmax, never a NaN. Top-p keeps
+    the most likely token whatever p is, so no p in (0, 1] leaves nothing to draw from."""
     if greedy or temperature == 0:
         return int(logits.argmax())
-    logits = logits.float() / temperature
+    logits = logits.double()
+    logits = (logits - logits.max()) / temperature
     if top_k is not None and top_k < logits.numel():
         kth = torch.topk(logits, top_k).values[-1]
         logits = logits.masked_fill(logits < kth, -math.inf)
@@ -72,7 +78,9 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
     if top_p is not None and top_p < 1:
         sorted_probs, order = probs.sort(descending=True)
         # drop a token when the tokens ranked above it already hold p; the first always stays
-        sorted_probs[sorted_probs.cumsum(0) - sorted_probs >= top_p] = 0
+        drop = sorted_probs.cumsum(0) - sorted_probs >= top_p
+        drop[0] = False
+        sorted_probs[drop] = 0
         probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
     return int(torch.multinomial(probs, 1, generator=generator))
 
@@ -230,7 +238,7 @@ class Chat:
     def reply(self, line: str) -> Iterator[str]:
         """Stream the model's answer to line; the turn joins the history once the answer ends."""
         line = line.replace("\n", " ")
-        seed = None if self.seed is None else self.seed + self.n_replies
+        seed = None if self.seed is None else (self.seed + self.n_replies) % 2**64  # a seed stays in 0..2^64-1
         self.n_replies += 1
         ids = stream_ids(self.generator.model, self.prompt_ids(line), self.max_new_tokens, seed=seed, **self.sampling)
         answer = []

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from andrea.config import BOS, N_SPECIAL, get_preset
+from andrea.config import BOS, N_SPECIAL, check_seed, get_preset
 from andrea.errors import AndreaError
 from andrea.tokenizer import label_bytes
 
@@ -109,6 +109,7 @@ def load_subject(checkpoint=None, preset=None, seed: int = 0, tokenizer_dir=None
         raise AndreaError("give either a checkpoint or a preset, not both.")
     if not checkpoint and not preset:
         raise AndreaError("give a checkpoint (a trained model) or a preset (a freshly initialised one).")
+    check_seed(seed)  # torch takes seeds in 0..2^64-1 only
     tokenizer = None
     if tokenizer_dir:
         from andrea.tokenizer import HarrisTokenizer
@@ -671,9 +672,20 @@ def pyplot():
     return plt
 
 
+def plain_text(fig):
+    """`fig`, with every text in it drawn as written: matplotlib reads a label with two `$` as
+    mathtext and fails on one it cannot parse, but a source's file name or a token is no formula."""
+    from matplotlib.text import Text
+
+    for text in fig.findobj(Text):
+        text.set_parse_math(False)
+    return fig
+
+
 def save_figure(fig, path) -> Path:
     """Write `fig` to `path` (folders made), close it, and return the path; a failed write is one sentence."""
     path = Path(path)
+    plain_text(fig)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path)

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from andrea.errors import AndreaError
+from andrea.files import check_regular, read_json
 
 VAL_SHARE = 0.05  # the share of documents held out for validation (a fetched source keeps its own)
 DOC_BYTES = 20_000  # a plain-text document ends at the first blank line this far into it
@@ -130,8 +131,57 @@ def _strip_suffix(name: str) -> str:
     return Path(name).stem or name
 
 
+SPLIT_FILES = ("train.jsonl", "val.jsonl")  # a fetched source's documents, beside its record meta.json
+RECORD_COUNTS = ("documents", "train_documents", "val_documents", "train_bytes", "val_bytes")
+
+
 def is_fetched_folder(path: Path) -> bool:
-    return path.is_dir() and all((path / f).is_file() for f in ("meta.json", "train.jsonl", "val.jsonl"))
+    """A fetched source's cache folder: its record, meta.json, beside one of its split files."""
+    return path.is_dir() and (path / "meta.json").exists() and any((path / f).exists() for f in SPLIT_FILES)
+
+
+def fetched_problem(path: Path) -> str | None:
+    """What is wrong with a fetched source's cache folder (its record, both split files, each
+    holding as many whole lines as the record counts documents), or None."""
+    try:
+        meta = read_json(path / "meta.json", "the record")
+    except AndreaError as e:
+        return str(e).rstrip(".")
+    if not isinstance(meta, dict):
+        return "its record meta.json is not a JSON object"
+    bad = [k for k in RECORD_COUNTS if not (type(meta.get(k)) is int and meta[k] >= 0)]
+    if bad:
+        return f"its record meta.json has no count {bad[0]!r}"
+    if meta["train_documents"] + meta["val_documents"] != meta["documents"]:
+        return "its record meta.json counts documents that do not add up"
+    for name in SPLIT_FILES:
+        try:
+            lines, ends_whole = _count_lines(check_regular(path / name, "its split file"))
+        except AndreaError as e:
+            return str(e).rstrip(".")
+        expected = meta[f"{name.split('.')[0]}_documents"]
+        if lines != expected or not ends_whole:
+            return f"{name} holds {lines:,} whole lines but the record counts {expected:,} documents"
+    return None
+
+
+def check_fetched(path: Path) -> dict:
+    """The record of a fetched source's cache folder, once `fetched_problem` finds nothing wrong."""
+    problem = fetched_problem(path)
+    if problem:
+        raise AndreaError(f"the fetched source {path.name} in {path} is damaged ({problem}); "
+                          f"`andrea data fetch {path.name}` fetches it again.")
+    return read_json(path / "meta.json", "the record")
+
+
+def _count_lines(path: Path) -> tuple[int, bool]:
+    """(newlines in the file, whether it ends with one or is empty), read in blocks."""
+    n, last = 0, b"\n"
+    with open(path, "rb") as f:
+        while block := f.read(READ_BYTES):
+            n += block.count(b"\n")
+            last = block[-1:]
+    return n, last == b"\n"
 
 
 @dataclass
@@ -169,7 +219,8 @@ def resolve(spec) -> SourceSpec:
     if name is None:
         name = path.name if path.is_dir() else _strip_suffix(path.name)
     if is_fetched_folder(path):
-        files = [InputFile(path / "train.jsonl", JSONL, None, "train"), InputFile(path / "val.jsonl", JSONL, None, "val")]
+        check_fetched(path)  # a missing split would otherwise leave the other one read as the whole source
+        files = [InputFile(path / f, JSONL, None, f.split(".")[0]) for f in SPLIT_FILES]
     elif path.is_dir():
         found = []
         for root, dirs, names in os.walk(path):
@@ -185,6 +236,8 @@ def resolve(spec) -> SourceSpec:
     else:
         fmt = format_of(path) or (TEXT, None)  # a file named on its own is read as plain text
         files = [InputFile(path, *fmt)]
+    for f in files:  # a FIFO would block the reader, a device never end: refused before reading starts
+        check_regular(f.path, "the source file")
     return SourceSpec(name, path, files)
 
 
@@ -237,8 +290,70 @@ def _open(f: InputFile):
         return gzip.GzipFile(fileobj=raw, mode="rb"), raw
     if f.compression == "zst":
         zstd = _need("zstandard", f"{f.path} (zstd)")
+        problem = zstd_truncation(f.path)
+        if problem:
+            raw.close()
+            raise AndreaError(f"{f.path} {problem}: it is truncated or damaged; copy or download it again.")
         return zstd.ZstdDecompressor().stream_reader(raw, read_across_frames=True, closefd=True), raw
     return raw, raw
+
+
+ZSTD_MAGIC, SKIPPABLE_MAGIC = 0xFD2FB528, 0x184D2A50  # a skippable frame's magic is 0x184D2A5?
+
+
+def zstd_truncation(path) -> str | None:
+    """Where a .zst file ends too early (or holds nothing), or None when its last frame is whole.
+
+    A zstd decoder reading a stream gives back what the file holds and stops at its end, so a
+    file cut short reads as if it were whole, less its tail. This walks the frames' headers and
+    block headers (RFC 8878: a frame is its magic number, a header whose size its first byte
+    sets, blocks of a 3-byte header each, the last one flagged, then an optional 4-byte
+    checksum) without decompressing, and says whether every frame ends inside the file. Bytes
+    that are not a frame are left to the decoder, which names them."""
+    size = os.path.getsize(path)
+    if size == 0:
+        return "is empty, so it holds no zstd frame"
+    with open(path, "rb") as f:
+        pos = 0
+
+        def take(n: int) -> bytes:
+            nonlocal pos
+            f.seek(pos)
+            pos += n
+            return f.read(n)
+
+        while pos < size:
+            start = pos
+            magic = take(4)
+            if len(magic) < 4:
+                return f"ends inside the header of a zstd frame at byte {start:,}"
+            kind = int.from_bytes(magic, "little")
+            if kind & 0xFFFFFFF0 == SKIPPABLE_MAGIC:
+                length = take(4)
+                pos += int.from_bytes(length, "little")
+            elif kind == ZSTD_MAGIC:
+                head = take(1)
+                if not head:
+                    return f"ends inside the header of the zstd frame at byte {start:,}"
+                fhd = head[0]
+                single = fhd >> 5 & 1
+                pos += (1 - single) + (0, 1, 2, 4)[fhd & 3] + (single, 2, 4, 8)[fhd >> 6]
+                last = 0
+                while not last:
+                    block = take(3)
+                    if len(block) < 3:
+                        return f"ends inside the zstd frame that starts at byte {start:,}"
+                    header = int.from_bytes(block, "little")
+                    last, kind_of_block, length = header & 1, header >> 1 & 3, header >> 3
+                    if kind_of_block == 3:
+                        return None  # a reserved block type: damaged, and the decoder says so
+                    pos += 1 if kind_of_block == 1 else length  # an RLE block stores one byte
+                pos += 4 if fhd & 4 else 0  # the content checksum
+            else:
+                return None  # not a frame: the decoder says what it found
+            if pos > size:
+                return f"ends inside the zstd frame that starts at byte {start:,} (of {size:,} bytes)"
+    return None
 
 
 def _blocks(f: InputFile):
@@ -249,7 +364,10 @@ def _blocks(f: InputFile):
         while True:
             try:
                 block = stream.read(READ_BYTES)
-            except (OSError, EOFError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
+            except EOFError:  # gzip: the stream stops before its end marker
+                raise AndreaError(f"{f.path} ends before its gzip stream does: it is truncated; "
+                                  f"copy or download it again.") from None
+            except (OSError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
                 raise AndreaError(f"{f.path} is not a readable {f.compression or 'text'} file ({e}).") from None
             except Exception as e:  # zstandard.ZstdError
                 if type(e).__module__.startswith("zstandard"):

@@ -24,6 +24,10 @@ A run folder holds:
                        evaluation also writes their scores to metrics.jsonl (`andrea.wordsim`)
   train.json           the settings of the run
   .lock                held by the running process: a second run in the same folder is refused
+A write killed by SIGKILL leaves its temporary file (NAME.tmp-PID-HEX); the next run, holding the
+lock, removes those whose process is gone. Signals are handled from start-up until the last
+checkpoint is on disk (andrea.signals), and every shard is checked against the manifest before
+the first step (andrea.data.verify_shards).
 Resuming restores model, optimizer, step, RNG and data position, curriculum and audit state, so
 a resumed run continues exactly as an uninterrupted one would have.
 
@@ -41,7 +45,6 @@ import functools
 import json
 import math
 import os
-import signal
 import time
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -53,12 +56,13 @@ import torch.distributed as dist
 
 from andrea.checkpoint import load_checkpoint, save_checkpoint
 from andrea.config import BOS, ModelConfig, is_int, is_real
-from andrea.data import TokenData, check_validation
+from andrea.data import TokenData, check_validation, verify_shards
 from andrea.errors import AndreaError
-from andrea.files import FolderLock, atomic_output, atomic_write_bytes, check_writable, write_error_reason
+from andrea.files import FolderLock, atomic_output, atomic_write_bytes, check_writable, remove_dead_temps, write_error_reason
 from andrea.flops import flops_per_token, peak_flops
 from andrea.model import ANDREA
 from andrea.optim import lr_at, make_optimizer, param_names_in_order
+from andrea.signals import Signals, is_main_process
 from andrea.trainconfig import TrainConfig
 
 LOG2 = math.log(2)
@@ -79,50 +83,53 @@ class RunResult:
 
 
 def train(model_cfg: ModelConfig, cfg: TrainConfig, data_dir=None, out_dir=None, resume: bool = False,
-          log=print, progress: bool = True, on_step=None) -> RunResult:
+          log=print, progress: bool = True, on_step=None, signals: Signals | None = None) -> RunResult:
     """Train until max_steps, time_limit, `patience` evaluations without a lower validation loss, a
     signal, a halting audit, or `on_step(step, loss)` returning True (then it stops as on a signal:
     checkpoint, no final evaluation). `data_dir` and `out_dir` default to the config's `data` and
-    `out`."""
-    run = Run(model_cfg, cfg, data_dir or cfg.data, out_dir or cfg.out, resume, log)
-    try:
-        result = _train(run, progress, on_step)
-        run.leave_together()
-        return result
-    finally:
-        run.close()
+    `out`. The signal handlers (andrea.signals) are those of `signals` when the caller installed
+    them earlier (the command line does, before it imports torch), else installed here; either way
+    they stay until the last checkpoint is on disk."""
+    with Signals(install=is_main_process()) if signals is None else nullcontext(signals) as signals:
+        run = Run(model_cfg, cfg, data_dir or cfg.data, out_dir or cfg.out, resume, log)
+        try:
+            result = _train(run, progress, on_step, signals)
+            run.leave_together()
+            return result
+        finally:
+            run.close()
 
 
-def _train(run: "Run", progress: bool, on_step) -> RunResult:
+def _train(run: "Run", progress: bool, on_step, signals: Signals) -> RunResult:
     log, state, cfg = run.log, run.state, run.cfg
     meter = Meter(run.tokens_per_step, run.flops_per_token, run.peak)
     bar = run.progress_bar() if progress and run.master else None
     say = log if bar is None else functools.partial(_write_beside, bar, log)
     last_eval, stopped = None, None
     run.observe(evaluation=False)  # the snapshot of step 0: the tables as initialised
-    with Signals(install=run.master or run.world == 1) as signals:
-        try:
-            while (stopped := run.reason_to_stop(signals.stop)) is None:
-                source, loss, lr, grad_norm = run.step()
-                if on_step is not None and on_step(state.step, loss):
-                    signals.stop = True
-                meter.count(state.step)
-                run.record_step(source, loss, lr, grad_norm, meter, bar)
-                with meter.paused():  # evaluation, audits and checkpoints do not count against tokens/s
-                    run.observe(evaluation=False)
-                    if state.step % cfg.eval_every == 0:
-                        last_eval = run.evaluate(say)
-                        if cfg.patience and state.evals_since_best >= cfg.patience:
-                            stopped = "patience"  # validation stopped improving: no more epochs of the same text
-                            break
-                    if state.auditor is not None and state.step % cfg.audit["every"] == 0 and run.audit(say):
-                        stopped = "audit"
+    signals.running()
+    try:
+        while (stopped := run.reason_to_stop(signals.stop)) is None:
+            source, loss, lr, grad_norm = run.step()
+            if on_step is not None and on_step(state.step, loss):
+                signals.stop = True
+            meter.count(state.step)
+            run.record_step(source, loss, lr, grad_norm, meter, bar)
+            with meter.paused():  # evaluation, audits and checkpoints do not count against tokens/s
+                run.observe(evaluation=False)
+                if state.step % cfg.eval_every == 0:
+                    last_eval = run.evaluate(say)
+                    if cfg.patience and state.evals_since_best >= cfg.patience:
+                        stopped = "patience"  # validation stopped improving: no more epochs of the same text
                         break
-                    if state.step % cfg.checkpoint_every == 0 or run.any_rank(signals.take_save_request()):
-                        run.checkpoint()
-        finally:
-            if bar is not None:
-                bar.close()
+                if state.auditor is not None and state.step % cfg.audit["every"] == 0 and run.audit(say):
+                    stopped = "audit"
+                    break
+                if state.step % cfg.checkpoint_every == 0 or run.any_rank(signals.take_save_request()):
+                    run.checkpoint()
+    finally:
+        if bar is not None:
+            bar.close()
     if stopped != "signal" and (last_eval is None or last_eval[0] != state.step):
         last_eval = run.evaluate(log)
     path = run.checkpoint(final=True)
@@ -254,12 +261,15 @@ class Run:
         data.check_context(cfg.seq_len)
         self.names = self._source_names()
         check_validation(data, self.names, cfg.seq_len)
+        verify_shards(data, log if self.master else None, save=self.master)
         self.per_rank, self.micro, self.accum = _batch_split(cfg, self.world)
         self.lock = None
         if self.master:
             check_writable(self.out, "the run folder")
             self.lock = FolderLock(self.out, "the run folder", "; wait for it to end or choose another --out")
         try:
+            for stale in remove_dead_temps(self.out) if self.master else ():  # left by a killed write (SIGKILL)
+                log(f"removed {stale.name}, the temporary file of a write whose process is gone")
             self._setup(model_cfg, cfg, data, data_dir, resume)
         except BaseException:
             self.close()
@@ -731,34 +741,6 @@ class Meter:
             self.window_t += time.time() - start
 
 
-class Signals:
-    """SIGTERM and Ctrl-C ask for a checkpoint and a clean stop; SIGUSR1 for a checkpoint now."""
-
-    def __init__(self, install: bool = True):
-        self.stop = self.save_now = False
-        self.install, self.previous = install, {}
-
-    def take_save_request(self) -> bool:
-        asked, self.save_now = self.save_now, False
-        return asked
-
-    def __enter__(self):
-        if self.install:
-            handlers = {signal.SIGTERM: self._on_stop, signal.SIGINT: self._on_stop, signal.SIGUSR1: self._on_usr1}
-            self.previous = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}
-        return self
-
-    def __exit__(self, *exc):
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
-
-    def _on_stop(self, signum, frame):
-        self.stop = True
-
-    def _on_usr1(self, signum, frame):
-        self.save_now = True
-
-
 # ---------------------------------------------------------------- measuring
 
 
@@ -795,6 +777,8 @@ def plot_losses(metrics_path: Path, png_path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from andrea.lab import plain_text
+
     steps, loss, smma, ev_steps, ev = [], [], [], [], {}
     with open(metrics_path) as f:
         for line in f:
@@ -814,6 +798,7 @@ def plot_losses(metrics_path: Path, png_path: Path) -> None:
     ax.set_xlabel("step"), ax.set_ylabel("cross-entropy (nats/token)"), ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title("andrea training")
+    plain_text(fig)
     fig.tight_layout()
     with atomic_output(png_path) as tmp:
         fig.savefig(tmp, format="png")

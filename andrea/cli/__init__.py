@@ -40,7 +40,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def printable_output() -> None:
+    """Make stdout and stderr write what they cannot encode as backslash escapes, not fail: a file
+    name with bytes that are not UTF-8 reaches Python as lone surrogates, which a strict UTF-8
+    stream refuses (stderr already escapes them by default; a stream set otherwise is left so)."""
+    for stream in (sys.stdout, sys.stderr):
+        if getattr(stream, "errors", None) == "strict" and hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+
+
 def main(argv=None) -> int:
+    printable_output()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

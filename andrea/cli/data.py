@@ -42,26 +42,31 @@ def cmd_data_fetch(args) -> int:
 
 def cmd_data_list(args) -> int:
     from andrea.corpus import EXTENDED_SOURCES, GENRE_SOURCES, SOURCES, corpus_dir, source_meta
+    from andrea.sources import fetched_problem
 
     rows = []
     for group, table in (("default", SOURCES), ("extended", EXTENDED_SOURCES), ("genre", GENRE_SOURCES)):
         for name, source in table.items():
             path = corpus_dir() / name
-            meta = source_meta(path) if (path / "meta.json").exists() else None
+            problem = fetched_problem(path) if path.exists() else None  # a damaged cache is listed, not fatal
+            meta = source_meta(path) if path.exists() and problem is None else None
             rows.append({"name": name, "set": group, "description": source.description, "package": source.package,
-                         "sha256": source.sha256, "licence": source.licence, "fetched": meta is not None, "meta": meta})
+                         "sha256": source.sha256, "licence": source.licence, "fetched": meta is not None, "meta": meta,
+                         "damaged": problem})
     from andrea.wordsim import WORDSETS_LICENCE, WORDSETS_SHA256, WORDSETS_WHEEL, wordsets_dir
 
     fetched = (wordsets_dir() / "meta.json").exists()
     rows.append({"name": "wordsets", "set": "eval", "description": "word similarity: SimLex-999, WordSim-353, "
                  "Google analogies", "package": WORDSETS_WHEEL, "sha256": WORDSETS_SHA256, "licence": WORDSETS_LICENCE,
-                 "fetched": fetched, "meta": None})
+                 "fetched": fetched, "meta": None, "damaged": None})
     if args.json:
         print_json(rows)
         return 0
     for r in rows:
         state = "not fetched" if not r["fetched"] else "fetched" if r["meta"] is None else \
             f"{r['meta']['train_bytes'] + r['meta']['val_bytes']:>12,} bytes"
+        if r["damaged"]:
+            state = f"damaged ({r['damaged']}): `andrea data fetch {r['name']}` fetches it again"
         print(f"{r['name']:<14} {r['set']:<9} {r['description']:<55} {r['package']:<34} {state}")
     return 0
 

@@ -19,7 +19,7 @@ def cmd_lab(args) -> int:
     if subject.tokenizer_note:
         print(f"note: {subject.tokenizer_note}")
     print(server.app.state.growth.summary())
-    if args.host not in ("127.0.0.1", "localhost", "::1"):
+    if not server.loopback:
         print(f"note: listening on {args.host}: other machines that can reach it can use the lab.")
     print(f"open {server.url} in a browser (Ctrl-C stops the server)", flush=True)
     try:

@@ -34,6 +34,15 @@ def add_train_arguments(p) -> None:
 
 
 def cmd_train(args) -> int:
+    from andrea.signals import Signals, is_main_process
+
+    # the run's signal handlers come first, before torch is imported: a SIGUSR1 or SIGTERM during
+    # the start-up is then the run's to answer (andrea.signals), not the end of the process
+    with Signals(install=is_main_process()) as signals:
+        return _train_command(args, signals)
+
+
+def _train_command(args, signals) -> int:
     from andrea.config import resolve_config
     from andrea.errors import AndreaError
     from andrea.train import train
@@ -49,7 +58,7 @@ def cmd_train(args) -> int:
     model_cfg = resolve_config(cfg.preset or ("andrea-cpu" if not cfg.model_config else None), cfg.model_config)
     if cfg.max_steps is None and cfg.time_limit is None:
         raise AndreaError("give --max-steps or --time-limit (or both) so the run knows when to stop.")
-    result = train(model_cfg, cfg, resume=args.resume, progress=not args.no_progress)
+    result = train(model_cfg, cfg, resume=args.resume, progress=not args.no_progress, signals=signals)
     if result.eval and result.checkpoint:
         print(f"validation: {result.eval['all']['bpb']:.4f} bits per byte (loss {result.eval['all']['loss']:.4f}) "
               f"at step {result.step:,}; checkpoint {result.checkpoint}")

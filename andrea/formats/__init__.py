@@ -25,7 +25,7 @@ import torch
 from andrea.checkpoint import Checkpoint
 from andrea.config import ModelConfig
 from andrea.errors import AndreaError
-from andrea.files import read_json
+from andrea.files import check_regular, read_json
 
 FORMATS = ("native", "bin", "json", "hf")
 RELEASE_CONFIG = "config.json"  # the config file of a release folder this package writes
@@ -207,8 +207,7 @@ def detect_format(path) -> str:
     path = Path(path)
     if path.is_dir():
         return _detect_folder(path)
-    if not path.is_file():
-        raise AndreaError(f"{path} does not exist.")
+    check_regular(path, "the model file")
     size = path.stat().st_size
     with open(path, "rb") as f:
         head = f.read(64)

@@ -24,6 +24,7 @@ server itself gets 500 with one line on stderr, never a traceback.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
 import socket
@@ -359,6 +360,22 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def is_loopback(sock: socket.socket) -> bool:
+    """Whether the socket listens on a loopback address (any of 127.0.0.0/8, ::1, ::ffff:127.x)."""
+    address = ipaddress.ip_address(sock.getsockname()[0].split("%")[0])
+    mapped = getattr(address, "ipv4_mapped", None)
+    return (mapped or address).is_loopback
+
+
+def loopback_names(sock: socket.socket, given: str) -> list[str]:
+    """The Host names a request to a lab on loopback may give: this machine's loopback names, the
+    address it listens on and the name it was given (as a Host header writes them, IPv6 in [])."""
+    bound = sock.getsockname()[0]
+    names = {"localhost", "127.0.0.1", "[::1]", bound if ":" not in bound else f"[{bound}]",
+             given if ":" not in given else f"[{given.strip('[]')}]"}
+    return sorted(n.lower() for n in names)
+
+
 def url_of(sock: socket.socket) -> str:
     host, port = sock.getsockname()[:2]
     return f"http://{'[' + host + ']' if ':' in host else host}:{port}/"
@@ -371,12 +388,13 @@ class LabServer:
     def __init__(self, subject: lab.Subject, host: str = "127.0.0.1", port: int = 8000):
         import uvicorn
 
-        # on loopback, only requests that name the loopback host are answered: a web page elsewhere
-        # cannot reach the lab through a DNS name that resolves to 127.0.0.1
-        hosts = ["127.0.0.1", "localhost"] if host in ("127.0.0.1", "localhost") else None
-        self.app = create_app(subject, allowed_hosts=hosts)
         self.sock = bind(host, port)
         self.url = url_of(self.sock)
+        # on a loopback address (127.0.0.0/8, ::1), only requests that name this machine are
+        # answered: a web page elsewhere cannot reach the lab through a DNS name of its own that
+        # resolves to a loopback address (DNS rebinding)
+        self.loopback = is_loopback(self.sock)
+        self.app = create_app(subject, allowed_hosts=loopback_names(self.sock, host) if self.loopback else None)
         self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", access_log=False,
                                                     timeout_graceful_shutdown=2))
         self.thread: threading.Thread | None = None
