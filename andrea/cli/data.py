@@ -6,7 +6,15 @@ from andrea.cli.common import print_json
 
 
 def cmd_data_fetch(args) -> int:
-    from andrea.corpus import EXTENDED_SOURCES, GENRE_SOURCES, SOURCES, fetch_default_corpus, fetch_source, source_meta
+    from andrea.corpus import (
+        EVERYDAY_SOURCES,
+        EXTENDED_SOURCES,
+        GENRE_SOURCES,
+        SOURCES,
+        fetch_default_corpus,
+        fetch_source,
+        source_meta,
+    )
     from andrea.errors import AndreaError
 
     if "wordsets" in args.sources:
@@ -18,7 +26,7 @@ def cmd_data_fetch(args) -> int:
         if not args.sources:
             return 0
     if args.sources:
-        known = {**SOURCES, **EXTENDED_SOURCES, **GENRE_SOURCES}
+        known = {**SOURCES, **EXTENDED_SOURCES, **EVERYDAY_SOURCES, **GENRE_SOURCES}
         unknown = [n for n in args.sources if n not in known]
         if unknown:
             raise AndreaError(f"no source is called {unknown[0]}; known: {', '.join(known)}, wordsets.")
@@ -29,7 +37,7 @@ def cmd_data_fetch(args) -> int:
             except FileNotFoundError as e:
                 raise AndreaError(f"{name} is fetched with {e.filename or e}, which is not installed.") from None
     else:
-        got = fetch_default_corpus(extended=args.extended)
+        got = fetch_default_corpus(extended=args.extended, everyday=args.everyday)
     total = 0
     for name, path in got.items():
         meta = source_meta(path)
@@ -41,11 +49,12 @@ def cmd_data_fetch(args) -> int:
 
 
 def cmd_data_list(args) -> int:
-    from andrea.corpus import EXTENDED_SOURCES, GENRE_SOURCES, SOURCES, corpus_dir, source_meta
+    from andrea.corpus import EVERYDAY_SOURCES, EXTENDED_SOURCES, GENRE_SOURCES, SOURCES, corpus_dir, source_meta
     from andrea.sources import fetched_problem
 
     rows = []
-    for group, table in (("default", SOURCES), ("extended", EXTENDED_SOURCES), ("genre", GENRE_SOURCES)):
+    tables = (("default", SOURCES), ("extended", EXTENDED_SOURCES), ("everyday", EVERYDAY_SOURCES), ("genre", GENRE_SOURCES))
+    for group, table in tables:
         for name, source in table.items():
             path = corpus_dir() / name
             problem = fetched_problem(path) if path.exists() else None  # a damaged cache is listed, not fatal
@@ -67,7 +76,7 @@ def cmd_data_list(args) -> int:
             f"{r['meta']['train_bytes'] + r['meta']['val_bytes']:>12,} bytes"
         if r["damaged"]:
             state = f"damaged ({r['damaged']}): `andrea data fetch {r['name']}` fetches it again"
-        print(f"{r['name']:<14} {r['set']:<9} {r['description']:<55} {r['package']:<34} {state}")
+        print(f"{r['name']:<14} {r['set']:<9} {r['description']:<55} {r['package']:<34} {state:<18}  {r['licence']}")
     return 0
 
 
@@ -80,12 +89,17 @@ def register(sub) -> None:
                                     "~/.cache/andrea/corpus (or $ANDREA_CACHE). Cached sources are not fetched again. "
                                     "`andrea data list` names the sources: the default corpus, the extended set "
                                     "(--extended: five more public-domain English Bible translations, asv, web, ylt, "
-                                    "darby, webster; about 21 MB), other genres (gcide, sqlite-doc, sqlite-source, "
+                                    "darby, webster; about 21 MB), the everyday set (--everyday: chitchat, brown, "
+                                    "big-txt, austen: conversation, the Brown Corpus, four novels and histories, "
+                                    "Jane Austen; about 29 MB), other genres (gcide, sqlite-doc, sqlite-source, "
                                     "factbook) and `wordsets`, the word-similarity sets the similarity scores use "
                                     "(SimLex-999, WordSim-353 and the Google analogies, from gensim 4.4.0's wheel).")
     f.add_argument("sources", nargs="*", metavar="SOURCE", help="sources to fetch (default: the default corpus)")
     f.add_argument("--extended", action="store_true", help="with the default corpus, also fetch the extended sources")
+    f.add_argument("--everyday", action="store_true", help="with the default corpus, also fetch the everyday sources "
+                   "(chitchat, brown, big-txt, austen)")
     f.set_defaults(func=cmd_data_fetch)
-    ls = dsub.add_parser("list", help="list the sources (default corpus and other genres) and whether they are fetched")
+    ls = dsub.add_parser("list", help="list the sources (default corpus and other genres), whether they are fetched "
+                         "and their licences (--json: with each package's SHA-256)")
     ls.add_argument("--json", action="store_true", help="machine-readable output")
     ls.set_defaults(func=cmd_data_list)
