@@ -15,6 +15,7 @@ endpoint under /api/ that calls the same `andrea.lab` functions the `andrea embe
     POST /api/lens         {"prompt", "k", "bos"}                        the logit lens
     POST /api/generate     {"prompt", "max_new_tokens", "temperature", "top_k", "top_p", "seed"}
                            a stream of JSON lines, one per token, then {"done": ...}
+    /api/growth...         the Growth view: the run's embedding snapshots (see `andrea.web.growth`)
 
 Bad input (a body that is not a JSON object, an unknown field, a value of the wrong type or out of
 range, an oversized prompt, a word the library refuses) gets status 400 and {"error": sentence};
