@@ -24,7 +24,9 @@ previous snapshot's step, V, d, the recipe and each table's exact mean pairwise 
 State. What a checkpoint must carry to resume this exactly (the counts since the last snapshot,
 that snapshot's step, how many evaluations were seen and kept) is `state_dict()`; on `--resume`
 snapshots written after the checkpoint's step belong to a continuation that was lost and are
-removed, and the last one kept is read back as the base of the next ‖Δ‖.
+removed, and the last one kept is read back as the base of the next ‖Δ‖ (when it is missing, as
+in a run folder copied without embeddings/, training goes on and says so, and the next snapshot
+has no ‖Δ‖).
 """
 
 from __future__ import annotations
@@ -208,12 +210,14 @@ class Growth:
             path = snapshot_path(self.dir.parent, last)
             try:
                 snap = read_snapshot(path)
+                if not torch.equal(snap.rows, self.rows_t):
+                    raise AndreaError(f"{path} keeps other rows than this run would")
+                previous = {name: snap.tables[name] for name in TABLES}
             except (AndreaError, OSError):
-                raise AndreaError(f"{where}: the embedding snapshot of step {last} ({path}) it builds on is missing "
-                                  f"or damaged; resume with --no-snapshots, or start the run anew.") from None
-            if not torch.equal(snap.rows, self.rows_t):
-                raise AndreaError(f"{path} keeps other rows than this run would; resume with --no-snapshots.")
-            previous = {name: snap.tables[name] for name in TABLES}
+                # a run folder copied without embeddings/, or a damaged file: the training goes on, and
+                # the next snapshot has no predecessor to measure ‖Δ‖ against (it reads 0)
+                self.log(f"note: the embedding snapshot of step {last} ({path}) is missing or damaged; snapshots "
+                         f"go on from this step, the next one without ‖Δ‖ and angles.")
         self.seen.zero_()
         self.seen[torch.tensor(seen_ids, dtype=torch.int64)] = torch.tensor(seen_counts, dtype=torch.int64)
         self.last_step, self.previous = last, previous
