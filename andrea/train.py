@@ -452,8 +452,13 @@ class Run:
 
     def observe(self, evaluation: bool) -> None:
         """An embedding snapshot, when one is due at this step (see `andrea.growth`)."""
-        if self.growth is not None:
+        if self.growth is None:
+            return
+        try:
             self.growth.take(self.state.step, self.model, evaluation)
+        except AndreaError as e:  # an observer: a snapshot that cannot be written never stops the training
+            self.log(f"note: embedding snapshots stop for the rest of this run: {e}")
+            self.growth = self.scorer = None
 
     def score_similarity(self, step: int, say) -> None:
         """The word-similarity scores of both tables, into metrics.jsonl (see `andrea.wordsim`)."""
