@@ -400,8 +400,8 @@ class Engine:
     def _step(self) -> list:
         """One step: admit, drop the cancelled, end what is overdue, sample, hand out, feed."""
         out: list = []
-        if any(job.cancelled for job in self.waiting):
-            with self.cond:
+        with self.cond:  # (submit appends from the event loop's thread)
+            if any(job.cancelled for job in self.waiting):
                 self.waiting = collections.deque(job for job in self.waiting if not job.cancelled)
         self._admit(out)
         late = self.deadline is not None and time.monotonic() >= self.deadline
