@@ -32,6 +32,8 @@ from safetensors.torch import save_file
 from andrea.config import ModelConfig, is_int
 from andrea.errors import AndreaError
 from andrea.files import atomic_output, check_regular
+from andrea.model import param_shapes
+from andrea.optim import optimizer_order
 
 FORMAT = "andrea-checkpoint"
 VERSION = 1
@@ -204,8 +206,6 @@ def check_layout(config: ModelConfig, layout: dict[str, tuple[tuple, str]], meta
     if tables > max(claimed, TABLE_ALLOWANCE):
         raise AndreaError(f"{path}: its config asks for a context of {config.block_size:,} positions, whose {config.pos} "
                           f"tables ({tables:,} values) would far outweigh the model itself; the config is damaged.")
-    from andrea.formats import param_shapes
-
     shapes = param_shapes(config)
     for name in model:
         if name not in shapes:
@@ -233,8 +233,6 @@ def check_layout(config: ModelConfig, layout: dict[str, tuple[tuple, str]], meta
 
 
 def _check_optimizer_layout(config: ModelConfig, shapes: dict, info: dict, optim: dict, path) -> list[str]:
-    from andrea.formats import _optimizer_order
-
     groups, scalars = info.get("param_groups"), info.get("scalars", {})
     if (not isinstance(groups, list) or not groups or not all(isinstance(g, dict) for g in groups)
             or not all(isinstance(g.get("params"), list) and all(is_int(i) for i in g["params"]) for g in groups)):
@@ -246,7 +244,7 @@ def _check_optimizer_layout(config: ModelConfig, shapes: dict, info: dict, optim
     if sorted(ids) != list(range(len(ids))):
         raise AndreaError(f"{path}: its optimizer groups do not number the parameters 0..{len(ids) - 1} once each.")
     try:
-        order = _optimizer_order(config, groups)
+        order = optimizer_order(config, groups)
     except AndreaError as e:
         raise AndreaError(f"{path}: {e}") from None
     name_of = dict(zip(ids, order))

@@ -10,6 +10,7 @@ wte, wpe, then per block ln_1, attn.{wq,wk,wv,wo}, ln_2, mlp.{fc1,fc2}; then ln_
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -345,3 +346,15 @@ class ANDREA(nn.Module):
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+
+@functools.lru_cache(maxsize=4)
+def meta_model(cfg: ModelConfig) -> ANDREA:
+    """The model of cfg on the meta device: names and shapes, no memory (cached: read-only)."""
+    with torch.device("meta"):
+        return ANDREA(cfg)
+
+
+def param_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every parameter's name and shape, in the model's (and the .bin's) order."""
+    return {name: tuple(p.shape) for name, p in meta_model(cfg).named_parameters()}

@@ -83,7 +83,7 @@ def prepared_tokenizer(n_segments: int, names: list[str], log=print):
     It is fitted on the training text of every source weighted as the curriculum opens (an equal
     share each), not on a raw file head, so a large source cannot dominate the segment alphabet.
     """
-    from andrea.corpus import load_training_texts
+    from andrea.samples import load_training_texts
     from andrea.tokenizer import WORD_PATTERN, HarrisTokenizer
 
     names = sorted(names)

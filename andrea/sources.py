@@ -46,8 +46,10 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from andrea.corpus import resolve_source
 from andrea.errors import AndreaError
-from andrea.files import check_regular, read_json
+from andrea.fetched import SPLIT_FILES, check_fetched, is_fetched_folder
+from andrea.files import check_regular
 
 VAL_SHARE = 0.05  # the share of documents held out for validation (a fetched source keeps its own)
 DOC_BYTES = 20_000  # a plain-text document ends at the first blank line this far into it
@@ -131,59 +133,6 @@ def _strip_suffix(name: str) -> str:
     return Path(name).stem or name
 
 
-SPLIT_FILES = ("train.jsonl", "val.jsonl")  # a fetched source's documents, beside its record meta.json
-RECORD_COUNTS = ("documents", "train_documents", "val_documents", "train_bytes", "val_bytes")
-
-
-def is_fetched_folder(path: Path) -> bool:
-    """A fetched source's cache folder: its record, meta.json, beside one of its split files."""
-    return path.is_dir() and (path / "meta.json").exists() and any((path / f).exists() for f in SPLIT_FILES)
-
-
-def fetched_problem(path: Path) -> str | None:
-    """What is wrong with a fetched source's cache folder (its record, both split files, each
-    holding as many whole lines as the record counts documents), or None."""
-    try:
-        meta = read_json(path / "meta.json", "the record")
-    except AndreaError as e:
-        return str(e).rstrip(".")
-    if not isinstance(meta, dict):
-        return "its record meta.json is not a JSON object"
-    bad = [k for k in RECORD_COUNTS if not (type(meta.get(k)) is int and meta[k] >= 0)]
-    if bad:
-        return f"its record meta.json has no count {bad[0]!r}"
-    if meta["train_documents"] + meta["val_documents"] != meta["documents"]:
-        return "its record meta.json counts documents that do not add up"
-    for name in SPLIT_FILES:
-        try:
-            lines, ends_whole = _count_lines(check_regular(path / name, "its split file"))
-        except AndreaError as e:
-            return str(e).rstrip(".")
-        expected = meta[f"{name.split('.')[0]}_documents"]
-        if lines != expected or not ends_whole:
-            return f"{name} holds {lines:,} whole lines but the record counts {expected:,} documents"
-    return None
-
-
-def check_fetched(path: Path) -> dict:
-    """The record of a fetched source's cache folder, once `fetched_problem` finds nothing wrong."""
-    problem = fetched_problem(path)
-    if problem:
-        raise AndreaError(f"the fetched source {path.name} in {path} is damaged ({problem}); "
-                          f"`andrea data fetch {path.name}` fetches it again.")
-    return read_json(path / "meta.json", "the record")
-
-
-def _count_lines(path: Path) -> tuple[int, bool]:
-    """(newlines in the file, whether it ends with one or is empty), read in blocks."""
-    n, last = 0, b"\n"
-    with open(path, "rb") as f:
-        while block := f.read(READ_BYTES):
-            n += block.count(b"\n")
-            last = block[-1:]
-    return n, last == b"\n"
-
-
 @dataclass
 class SourceSpec:
     """A source to read: its name and its files, in reading order."""
@@ -207,8 +156,6 @@ class SourceSpec:
 
 def resolve(spec) -> SourceSpec:
     """A source given by name (a fetched default source), by path, or as NAME=PATH."""
-    from andrea.corpus import resolve_source
-
     text = str(spec)
     name = None
     if "=" in text and not Path(text).exists():

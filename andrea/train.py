@@ -943,10 +943,10 @@ def _full_optim_state(optimizer, train_model, recipe: str, fsdp: bool) -> dict:
 def _check_optimizer_fits(state: dict, model_cfg: ModelConfig, recipe: str, path) -> None:
     """The saved optimizer state belongs to this model and recipe: the same groups of the same
     parameters. (Shapes, presence and finiteness were checked when the file was read.)"""
-    from andrea.formats import _meta_model
+    from andrea.model import meta_model
     from andrea.optim import param_groups
 
-    ours = [len(g["names"]) for g in param_groups(_meta_model(model_cfg), recipe)]
+    ours = [len(g["names"]) for g in param_groups(meta_model(model_cfg), recipe)]
     saved = [len(g["params"]) for g in state["param_groups"]]
     if ours != saved:
         raise AndreaError(f"{path} holds an optimizer state with parameter groups of sizes {saved}, but recipe {recipe} "

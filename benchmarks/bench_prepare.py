@@ -48,7 +48,7 @@ def make_corpus(folder: Path, gigabytes: float, log) -> tuple[int, int]:
     import pyarrow.parquet as pq
     import zstandard
 
-    from andrea.corpus import load_documents
+    from andrea.samples import load_documents
 
     settings = {"gigabytes": gigabytes, "formats": FORMATS, "file_bytes": FILE_BYTES, "version": 1}
     done = folder / "corpus.json"
@@ -147,8 +147,9 @@ def main(argv=None) -> int:
     import tokenizers
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from andrea.corpus import cache_root, load_documents
+    from andrea.corpus import cache_root
     from andrea.errors import AndreaError
+    from andrea.samples import load_documents
     from andrea.sources import read_documents
     from andrea.tokenizer import HarrisTokenizer
 

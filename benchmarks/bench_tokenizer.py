@@ -35,8 +35,8 @@ def best_time(fn, repeat):
 def main(argv=None) -> int:
     import tokenizers
 
-    from andrea.corpus import load_documents
     from andrea.errors import AndreaError
+    from andrea.samples import load_documents
     from andrea.tokenizer import HarrisTokenizer
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])

@@ -54,15 +54,15 @@ def spread(docs: list[str], limit: int) -> list[str]:
 
 
 def load_genre(sources: list[str], train_limit: int, val_limit: int):
-    from andrea import corpus
+    from andrea import corpus, samples
 
     train, val = [], []
     for name in sources:
         source = corpus.SOURCES.get(name) or corpus.GENRE_SOURCES[name]
         corpus.fetch_source(source, log=say)
         share_t, share_v = train_limit // len(sources), val_limit // len(sources)
-        train += spread(corpus.load_documents(name, "train"), share_t)
-        val += spread(corpus.load_documents(name, "val"), share_v)
+        train += spread(samples.load_documents(name, "train"), share_t)
+        val += spread(samples.load_documents(name, "val"), share_v)
     return train, val
 
 

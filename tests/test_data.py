@@ -21,9 +21,9 @@ import zstandard
 
 import andrea.sources as sources
 from andrea.cli import main
-from andrea.corpus import load_training_texts, sample_source
 from andrea.data import PROGRESS_FILE, TokenData, open_shard, prepare
 from andrea.errors import AndreaError
+from andrea.samples import load_training_texts, sample_source
 from andrea.sources import is_validation
 from andrea.tokenizer import BOS, HarrisTokenizer
 

@@ -15,6 +15,7 @@ import zlib
 import pytest
 
 import andrea.corpus as corpus
+import andrea.samples as samples
 from andrea.errors import AndreaError
 from andrea.rdata import read_lazyload, unserialize
 
@@ -187,7 +188,7 @@ def test_the_fetched_austen_source_holds_the_six_novels():
         pytest.skip("austen is not fetched")
     meta = corpus.source_meta(path)
     assert meta["sha256"] == corpus.EVERYDAY_SOURCES["austen"].sha256
-    text = "\n\n".join(corpus.load_documents(path) + corpus.load_documents(path, "val"))
+    text = "\n\n".join(samples.load_documents(path) + samples.load_documents(path, "val"))
     for opening in ("Emma Woodhouse, handsome, clever, and rich", "It is a truth universally acknowledged",
                     "Sir Walter Elliot, of Kellynch Hall", "No one who had ever seen Catherine Morland",
                     "The family of Dashwood had long been settled in Sussex", "About thirty years ago Miss Maria Ward"):

@@ -20,8 +20,9 @@ from hypothesis import strategies as st
 
 import andrea.tokenizer as harris
 from andrea.cli import main
-from andrea.corpus import corpus_dir, load_training_texts
+from andrea.corpus import corpus_dir
 from andrea.errors import AndreaError
+from andrea.samples import load_training_texts
 from andrea.tokenizer import BOS, WORD_RE, HarrisTokenizer, SuccessorVariety
 
 STEMS = ["work", "play", "read", "help", "paint", "walk", "talk", "teach", "kind", "mark", "fill", "load",
@@ -697,7 +698,7 @@ needs_corpus = pytest.mark.skipif(not all((corpus_dir() / s / "meta.json").exist
 
 @pytest.fixture(scope="module")
 def english():
-    from andrea.corpus import load_documents
+    from andrea.samples import load_documents
 
     train = [d for s in SOURCES for d in load_documents(s, "train")][::8]  # every 8th document: about 2.5 MB
     val = [d for s in SOURCES for d in load_documents(s, "val")]

@@ -50,7 +50,7 @@ def cmd_data_fetch(args) -> int:
 
 def cmd_data_list(args) -> int:
     from andrea.corpus import EVERYDAY_SOURCES, EXTENDED_SOURCES, GENRE_SOURCES, SOURCES, corpus_dir, source_meta
-    from andrea.sources import fetched_problem
+    from andrea.fetched import fetched_problem
 
     rows = []
     tables = (("default", SOURCES), ("extended", EXTENDED_SOURCES), ("everyday", EVERYDAY_SOURCES), ("genre", GENRE_SOURCES))

@@ -9,7 +9,7 @@ import time
 from andrea.errors import AndreaError
 
 PROGRESS_BYTES = 1_000_000  # show progress bars from this much training text on
-DEFAULT_SAMPLE_BYTES = 200_000_000  # andrea.corpus.DEFAULT_SAMPLE_BYTES
+DEFAULT_SAMPLE_BYTES = 200_000_000  # andrea.samples.DEFAULT_SAMPLE_BYTES
 
 
 def _byte_count(text: str) -> int:
@@ -23,7 +23,7 @@ def _byte_count(text: str) -> int:
 
 
 def cmd_tokenizer_train(args) -> int:
-    from andrea.corpus import load_training_texts
+    from andrea.samples import load_training_texts
     from andrea.tokenizer import HarrisTokenizer
 
     start = time.time()

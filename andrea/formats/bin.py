@@ -40,7 +40,7 @@ from andrea.checkpoint import Checkpoint
 from andrea.config import ModelConfig
 from andrea.errors import AndreaError
 from andrea.files import atomic_output
-from andrea.formats import (
+from andrea.formats.common import (
     RELEASE_CONFIG,
     SEGMENTS_FILE,
     adam_moments,

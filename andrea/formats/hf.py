@@ -33,7 +33,7 @@ from andrea.checkpoint import Checkpoint
 from andrea.config import BOS, ModelConfig
 from andrea.errors import AndreaError
 from andrea.files import atomic_output, atomic_write_bytes, read_json
-from andrea.formats import SEGMENTS_FILE, check_weights, checked_tokenizer, read_segments
+from andrea.formats.common import SEGMENTS_FILE, check_weights, checked_tokenizer, read_segments
 
 ACT_TO_HF = {"relu": "relu", "gelu": "gelu", "relu2": "relu2"}
 HF_TO_ACT = {v: k for k, v in ACT_TO_HF.items()}

@@ -27,7 +27,7 @@ from andrea.config import ModelConfig
 from andrea.errors import AndreaError
 from andrea.files import atomic_output
 from andrea.files import read_json as read_json_file
-from andrea.formats import check_weights, checked_tokenizer, is_table, param_shapes
+from andrea.formats.common import check_weights, checked_tokenizer, is_table, param_shapes
 
 FORMAT = "andrea-json"
 VERSION = 1
