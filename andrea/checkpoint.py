@@ -31,7 +31,7 @@ from safetensors.torch import save_file
 
 from andrea.config import ModelConfig, is_int
 from andrea.errors import AndreaError
-from andrea.files import atomic_output
+from andrea.files import atomic_output, parse_json
 
 FORMAT = "andrea-checkpoint"
 VERSION = 1
@@ -148,8 +148,8 @@ def load_checkpoint(path, optimizer: bool = True) -> Checkpoint:
 
 def _read_meta(header: dict, path: Path) -> dict:
     try:
-        meta = json.loads(header["andrea"])
-    except (KeyError, json.JSONDecodeError, TypeError, RecursionError):
+        meta = parse_json(header["andrea"], f"the metadata of {path}")
+    except (KeyError, TypeError):
         meta = None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise AndreaError(f"{path} is a safetensors file but not an andrea checkpoint.")

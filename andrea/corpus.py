@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Callable
 
 from andrea.errors import AndreaError
-from andrea.files import read_json
+from andrea.files import parse_json, read_json
 
 VAL_EVERY = 20  # document i is held out for validation when i % VAL_EVERY == VAL_EVERY // 2
 
@@ -198,7 +198,7 @@ def read_factbook(blob: bytes) -> list[str]:
     docs = []
     for name, b in _tar_members(blob):
         if re.fullmatch(r"package/(?!meta/)[a-z-]+/[a-z]{2}\.json", name):
-            profile = json.loads(b.decode("utf-8"))
+            profile = parse_json(b, f"{name} of the factbook package")
             docs.append("\n".join(walk(profile, [])))
     return [d for d in docs if d]
 

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import json
 import os
 import re
 import zlib
@@ -47,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from andrea.errors import AndreaError
+from andrea.files import parse_json
 
 VAL_SHARE = 0.05  # the share of documents held out for validation (a fetched source keeps its own)
 DOC_BYTES = 20_000  # a plain-text document ends at the first blank line this far into it
@@ -431,12 +431,7 @@ def documents(task):
             if not raw.strip():
                 continue
             n = first + k
-            try:
-                obj = json.loads(raw)
-            except UnicodeDecodeError:
-                raise AndreaError(f"{path} line {n:,} is not UTF-8 text.") from None
-            except json.JSONDecodeError as e:
-                raise AndreaError(f"{path} line {n:,} is not valid JSON ({e.msg}).") from None
+            obj = parse_json(raw, path, line=n)
             text = obj.get(field) if isinstance(obj, dict) else None
             if not isinstance(text, str):
                 what = "has no" if not isinstance(obj, dict) or field not in obj else "has a non-text"

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from andrea.config import MAX_SEED, PRESETS, check_fields, is_int, is_real
 from andrea.curriculum import DEFAULT_C, DEFAULT_REROLL, MODES, REWARDS, Curriculum
 from andrea.errors import AndreaError
-from andrea.files import atomic_write_bytes, read_json
+from andrea.files import atomic_write_bytes, parse_json, read_json
 from andrea.optim import DEFAULT_LR, RECIPES
 
 SAMPLING = (*MODES, "proportional")  # the curriculum's modes, or by token count with no curriculum
@@ -343,9 +343,9 @@ def _source_flag(item: str):
     if not item.lstrip().startswith("{"):
         return item
     try:
-        return json.loads(item)
-    except json.JSONDecodeError as e:
-        raise AndreaError(f"--sources item {item!r} is not a source name or a JSON object ({e.msg}).") from None
+        return parse_json(item, "the item")
+    except AndreaError as e:
+        raise AndreaError(f"--sources item {item[:60]!r} is not a source name or a JSON object: {e}") from None
 
 
 def apply_overrides(cfg: TrainConfig, **flags) -> TrainConfig:

@@ -37,6 +37,7 @@ import numpy as np
 from andrea import lab
 from andrea.config import PRESETS, is_int, is_real
 from andrea.errors import AndreaError
+from andrea.files import parse_json
 
 MAX_BODY = 16_384  # bytes of a request body
 MAX_PROMPT_CHARS = 2_000
@@ -307,9 +308,9 @@ def create_app(subject: lab.Subject, allowed_hosts=None):
         if not raw.strip():
             return {}
         try:
-            body = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            raise BadRequest("the request body is not valid JSON.") from None
+            body = parse_json(raw, "the request body")
+        except AndreaError as e:
+            raise BadRequest(str(e)) from None
         if not isinstance(body, dict):
             raise BadRequest("the request body must be a JSON object.")
         return body
