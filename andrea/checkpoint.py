@@ -29,7 +29,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import save_file
 
-from andrea.config import ModelConfig, is_int
+from andrea.config import ModelConfig, is_int, position_table_size
 from andrea.errors import AndreaError
 from andrea.files import atomic_output, parse_json
 
@@ -175,15 +175,6 @@ def _read_config(meta: dict, path: Path) -> ModelConfig:
         raise AndreaError(f"{path}: {e}") from None
     except TypeError:
         raise AndreaError(f"{path} has a malformed model config in its metadata.") from None
-
-
-def position_table_size(cfg: ModelConfig) -> int:
-    """Values of the position tables the model computes rather than stores (sinusoidal, rope)."""
-    if cfg.pos == "sinusoidal":
-        return cfg.block_size * cfg.n_embd
-    if cfg.pos == "rope":
-        return cfg.block_size * cfg.head_dim
-    return 0
 
 
 def check_layout(config: ModelConfig, layout: dict[str, tuple[tuple, str]], meta: dict, path, optimizer: bool = True):

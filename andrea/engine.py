@@ -230,6 +230,9 @@ class Model:
         cfg = _checked_config(doc.get("config"), path)
         tensors = {}
         given = doc.get("tensors") if isinstance(doc.get("tensors"), dict) else {}
+        if cfg["n_layer"] > len(given):  # before the config's layers are laid out one by one
+            raise EngineError(f"{path}: its config has {cfg['n_layer']:,} layers, but the file holds only "
+                              f"{len(given):,} tensors (a layer has six or more).")
         for name, shape in param_shapes(cfg).items():
             t = given.get(name)
             data = _flat(t)

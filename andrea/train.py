@@ -254,6 +254,7 @@ class Run:
         self.names = self._source_names()
         check_validation(data, self.names, cfg.seq_len)
         self.per_rank, self.micro, self.accum = _batch_split(cfg, self.world)
+        _check_training_memory(model_cfg, cfg, self.micro, self.device)
         self.lock = None
         if self.master:
             check_writable(self.out, "the run folder")
@@ -806,6 +807,20 @@ def _batch_split(cfg: TrainConfig, world: int) -> tuple[int, int, int]:
     if per_rank % micro:
         raise AndreaError(f"the per-process batch {per_rank} is not a multiple of micro_batch {micro}.")
     return per_rank, micro, per_rank // micro
+
+
+def _check_training_memory(model_cfg: ModelConfig, cfg: TrainConfig, micro: int, device: torch.device) -> None:
+    """Refuse, before anything is built, a run whose model and micro-batch cannot fit: counted by
+    arithmetic (`andrea.config.training_bytes`), against the GPU's free memory or the machine's."""
+    from andrea.config import check_memory, training_bytes
+    from andrea.model import LOSS_CHUNK
+
+    cuda = device.type == "cuda"
+    need = training_bytes(model_cfg, micro, cfg.seq_len, LOSS_CHUNK if cuda else None)
+    have = torch.cuda.mem_get_info(device)[0] if cuda else None
+    check_memory(need, f"training this model on micro-batches of {micro:,} × {cfg.seq_len:,} tokens", "lower "
+                 "--batch-size, or give --micro-batch so that gradients accumulate over smaller batches, or choose a "
+                 "smaller model", have=have, where="the GPU" if cuda else "this machine")
 
 
 def _fmt_time(seconds: float) -> str:

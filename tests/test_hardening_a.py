@@ -314,3 +314,77 @@ def test_the_lab_answers_400_to_bodies_at_python_limits(lab_checkpoint):
             r = client.post("/api/token", content=body, headers={"content-type": "application/json"})
             assert r.status_code == 400, (r.status_code, r.text[:200])
             assert r.json()["error"].startswith("the request body ")
+
+
+# ---------------------------------------------------------------- 3. sizes counted before anything is allocated
+
+
+def big_config(data_dir: Path, path: Path, **changes) -> Path:
+    cfg = {"vocab_size": TokenData(data_dir).vocab_size, "n_embd": 32, "n_head": 2, "n_layer": 1, "block_size": 32}
+    path.write_text(json.dumps({**cfg, **changes}))
+    return path
+
+
+@pytest.mark.parametrize("changes", [{"n_embd": 100_000}, {"block_size": 10**9}, {"n_layer": 10**6},
+                                     {"block_size": 10**9, "pos": "rope"}])
+def test_a_model_too_big_for_memory_is_refused_by_arithmetic(data_dir, tmp_path, capsys, changes):
+    """Width 10^5, context 10^9 (learned or rope) and 10^6 layers: `train` ends in one sentence that
+    says the memory the model would need, before anything is built; `params` still counts it."""
+    cfg = big_config(data_dir, tmp_path / "big.json", **changes)
+    line = one_sentence(*cli(capsys, "train", "--data", data_dir, "--out", tmp_path / "o", "--model-config", cfg,
+                             "--max-steps", "1", "--seq-len", "16", "--no-progress")[::2])
+    assert "needs at least" in line and " GB of memory" in line and "available" in line, line
+    code, out, _ = cli(capsys, "params", "--config", cfg)
+    assert code == 0 and "total" in out
+
+
+def test_a_huge_model_is_refused_in_a_bounded_process(data_dir, tmp_path):
+    """10^6 layers in a real process, under /usr/bin/time: one sentence, little memory."""
+    cfg = big_config(data_dir, tmp_path / "big.json", n_layer=10**6)
+    done, peak = peak_rss(["train", "--data", data_dir, "--out", tmp_path / "o", "--model-config", cfg,
+                           "--max-steps", "1", "--seq-len", "16", "--no-progress"])
+    assert "needs at least" in process_sentence(done)
+    assert peak < 1_000_000_000, f"peak {peak:,} bytes"
+
+
+def test_a_batch_too_big_for_memory_is_refused_before_the_first_step(data_dir, model_json, tmp_path, capsys):
+    """--batch-size 1048576 (inside the limit of 2^20): refused with the memory it would need, naming
+    --micro-batch; with --micro-batch the same batch is within memory and passes the check."""
+    args = ["train", "--data", data_dir, "--out", tmp_path / "o", "--model-config", model_json, "--max-steps", "1",
+            "--seq-len", "16", "--no-progress", "--batch-size", "1048576"]
+    line = one_sentence(*cli(capsys, *args)[::2])
+    assert "micro-batches of 1,048,576 × 16 tokens" in line and "--micro-batch" in line and " GB of memory" in line
+
+
+def test_release_folders_and_json_models_claiming_a_million_layers_are_refused_at_once(run_dir, tmp_path, capsys):
+    """A .bin release folder and a JSON model whose config claims 10^6 layers: `convert` (and the
+    engine) end in one sentence within seconds, building no model of a million blocks."""
+    import time
+
+    release, model = tmp_path / "release", tmp_path / "m.json"
+    assert cli(capsys, "convert", run_dir / "latest.safetensors", release, "--to", "bin")[0] == 0
+    assert cli(capsys, "convert", run_dir / "latest.safetensors", model, "--to", "json")[0] == 0
+    cfg = json.loads((release / "config.json").read_text())
+    (release / "config.json").write_text(json.dumps({**cfg, "n_layer": 10**6}))
+    doc = json.loads(model.read_text())
+    doc["config"]["n_layer"] = 10**6
+    model.write_text(json.dumps(doc))
+    for src in (release, model):
+        start = time.time()
+        line = one_sentence(*cli(capsys, "convert", src, tmp_path / "out.safetensors")[::2])
+        assert time.time() - start < 10 and "1,000,000" in line, line
+    engine = subprocess.run([sys.executable, str(ROOT / "andrea" / "engine.py"), str(model)], capture_output=True,
+                            text=True, timeout=60)
+    assert engine.returncode == 2 and "1,000,000 layers" in engine.stderr and "Traceback" not in engine.stderr
+
+
+def test_audit_tokens_and_shard_tokens_are_bounded(data_dir, model_json, tokenizer_dir, tmp_path, capsys):
+    """--audit-tokens 10^9 and prepare --shard-tokens 1 would run without end: refused at once."""
+    line = one_sentence(*cli(capsys, "train", "--data", data_dir, "--out", tmp_path / "o", "--model-config", model_json,
+                             "--max-steps", "1", "--audit-tokens", str(10**9))[::2])
+    assert "audit.tokens must be at most 10,000" in line
+    src = tmp_path / "a.txt"
+    src.write_text("\n\n".join(documents(4, 3)))
+    line = one_sentence(*cli(capsys, "prepare", src, "--tokenizer", tokenizer_dir, "--out", tmp_path / "d",
+                             "--shard-tokens", "1", "--no-progress")[::2])
+    assert "shard_tokens must be a whole number of tokens from 1,000" in line
