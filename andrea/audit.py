@@ -152,8 +152,20 @@ class AuditTracker:
         return {"threshold": self.threshold, "patience": self.patience, "streak": self.streak, "scores": list(self.scores)}
 
     def load_state_dict(self, d: dict) -> None:
-        try:
-            self.streak = int(d["streak"])
-            self.scores = [float(s) for s in d["scores"]]
-        except (KeyError, TypeError, ValueError) as e:
-            raise AndreaError(f"audit state is incomplete or malformed ({e!r}).") from None
+        self.streak, self.scores = self.check_state(d)
+
+    @staticmethod
+    def check_state(d) -> tuple[int, list[float]]:
+        """(streak, scores) of a saved state: scores a list of numbers in 0..100, the streak a
+        count of the latest of them; an AndreaError names the field that is damaged."""
+        if not isinstance(d, dict):
+            raise AndreaError(f"its audit state is not an object (found {type(d).__name__}).")
+        scores, streak = d.get("scores"), d.get("streak")
+        if (not isinstance(scores, list)
+                or not all(isinstance(s, (int, float)) and not isinstance(s, bool) and 0.0 <= s <= 100.0 for s in scores)):
+            what = f"a list of {len(scores):,} items" if isinstance(scores, list) else repr(scores)[:60]
+            raise AndreaError(f"its audit state field 'scores' is damaged (found {what}).")
+        if not isinstance(streak, int) or isinstance(streak, bool) or not 0 <= streak <= len(scores):
+            shown = "an integer of more than 30 digits" if isinstance(streak, int) and abs(streak) > 10**30 else repr(streak)[:60]
+            raise AndreaError(f"its audit state field 'streak' is damaged (found {shown}).")
+        return streak, [float(s) for s in scores]

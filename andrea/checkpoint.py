@@ -29,9 +29,9 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import save_file
 
-from andrea.config import ModelConfig, is_int
+from andrea.config import ModelConfig, is_int, position_table_size
 from andrea.errors import AndreaError
-from andrea.files import atomic_output, check_regular
+from andrea.files import atomic_output, check_regular, parse_json
 from andrea.model import param_shapes
 from andrea.optim import optimizer_order
 
@@ -148,8 +148,8 @@ def load_checkpoint(path, optimizer: bool = True) -> Checkpoint:
 
 def _read_meta(header: dict, path: Path) -> dict:
     try:
-        meta = json.loads(header["andrea"])
-    except (KeyError, json.JSONDecodeError, TypeError, RecursionError):
+        meta = parse_json(header["andrea"], f"the metadata of {path}")
+    except (KeyError, TypeError):
         meta = None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise AndreaError(f"{path} is a safetensors file but not an andrea checkpoint.")
@@ -175,15 +175,6 @@ def _read_config(meta: dict, path: Path) -> ModelConfig:
         raise AndreaError(f"{path}: {e}") from None
     except TypeError:
         raise AndreaError(f"{path} has a malformed model config in its metadata.") from None
-
-
-def position_table_size(cfg: ModelConfig) -> int:
-    """Values of the position tables the model computes rather than stores (sinusoidal, rope)."""
-    if cfg.pos == "sinusoidal":
-        return cfg.block_size * cfg.n_embd
-    if cfg.pos == "rope":
-        return cfg.block_size * cfg.head_dim
-    return 0
 
 
 def check_layout(config: ModelConfig, layout: dict[str, tuple[tuple, str]], meta: dict, path, optimizer: bool = True):

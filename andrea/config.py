@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, fields
 
 from andrea.errors import AndreaError
@@ -156,3 +157,77 @@ def param_rows(cfg: ModelConfig) -> list[ParamRow]:
 
 def count_params(cfg: ModelConfig) -> int:
     return param_rows(cfg)[-1].count
+
+
+def position_table_size(cfg: ModelConfig) -> int:
+    """Values of the position tables the model computes rather than stores (sinusoidal, rope)."""
+    if cfg.pos == "sinusoidal":
+        return cfg.block_size * cfg.n_embd
+    if cfg.pos == "rope":
+        return cfg.block_size * cfg.head_dim
+    return 0
+
+
+# ---------------------------------------------------------------- memory, counted before it is taken
+
+FLOAT_BYTES = 4  # weights, gradients and moments are float32
+LAYER_BYTES = 32_768  # the Python objects of one block's modules (measured: about 36 KB)
+
+
+def model_bytes(cfg: ModelConfig) -> int:
+    """Bytes a model of cfg takes in memory: its weights, its computed position tables and its
+    blocks' Python objects (which a model of a million tiny layers is mostly made of)."""
+    return FLOAT_BYTES * (count_params(cfg) + position_table_size(cfg)) + LAYER_BYTES * cfg.n_layer
+
+
+def training_bytes(cfg: ModelConfig, micro_batch: int, seq_len: int, loss_rows: int | None = None) -> int:
+    """A lower bound on the bytes one training process holds: the model, its gradients and two
+    Adam moments; per micro-batch the windows (int64) and, per token and layer, at least ten
+    d-wide activations kept for the backward pass; the logits (`loss_rows` rows of them at a time,
+    default all) and their gradient."""
+    tokens = micro_batch * seq_len
+    rows = tokens if loss_rows is None else min(tokens, loss_rows)
+    return (model_bytes(cfg) + 3 * FLOAT_BYTES * count_params(cfg) + 16 * micro_batch * (seq_len + 1)
+            + FLOAT_BYTES * 10 * tokens * cfg.n_layer * cfg.n_embd + 2 * FLOAT_BYTES * rows * cfg.vocab_size)
+
+
+def available_memory() -> int | None:
+    """Bytes of memory this process can still take: the kernel's MemAvailable, within the
+    process's control group's limit where it has one; None where neither can be read."""
+    have = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    have = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    if have is None:
+        try:
+            have = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            pass
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        with open("/sys/fs/cgroup/memory.current") as f:
+            left = int(limit) - int(f.read()) if limit.isdigit() else None
+        if left is not None:
+            have = left if have is None else min(have, left)
+    except (OSError, ValueError):
+        pass
+    return have
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:,.1f} GB" if n >= 1e8 else f"{n / 1e6:,.0f} MB"
+
+
+def check_memory(need: int, what: str, advice: str, have: int | None = None, where: str = "this machine") -> None:
+    """Refuse, in one sentence, work that needs more memory than there is (`have`, default what
+    available_memory finds); where it cannot be known, nothing is refused."""
+    have = available_memory() if have is None else have
+    if have is not None and need > have:
+        raise AndreaError(f"{what} needs at least {_gb(need)} of memory, but {where} has {_gb(max(0, have))} available; "
+                          f"{advice}.")

@@ -32,6 +32,7 @@ from typing import Callable
 
 from andrea.errors import AndreaError
 from andrea.fetched import check_fetched, fetched_problem
+from andrea.files import parse_json
 from andrea.rdata import read_lazyload
 
 VAL_EVERY = 20  # document i is held out for validation when i % VAL_EVERY == VAL_EVERY // 2
@@ -206,7 +207,7 @@ def read_factbook(blob: bytes) -> list[str]:
     docs = []
     for name, b in _tar_members(blob):
         if re.fullmatch(r"package/(?!meta/)[a-z-]+/[a-z]{2}\.json", name):
-            profile = json.loads(b.decode("utf-8"))
+            profile = parse_json(b, f"{name} of the factbook package")
             docs.append("\n".join(walk(profile, [])))
     return [d for d in docs if d]
 

@@ -308,28 +308,137 @@ class Curriculum:
             "history": [list(h) for h in self._history],
         }
 
-    def load_state_dict(self, d: dict) -> None:
+    def load_state_dict(self, d: dict, steps: int | None = None) -> None:
+        """Continue from `state_dict()`. Every field is checked first (`check_state`), so a damaged
+        state changes nothing and ends in one AndreaError naming the field."""
+        (self._rng_state, self._ema, self._pulls, self._reward_sum, self._recent, self._weights, self._open,
+         self._next_reroll, self._step, self._rerolls, self._history) = self.check_state(d, steps)
+        self._rng.setstate(self._rng_state)
+        del self._rng_state
+
+    def check_state(self, d, steps: int | None = None) -> tuple:
+        """The fields of a saved state, each checked for type, range, finiteness and length
+        against this curriculum's sources (and, with `steps`, against the steps the run has taken);
+        an AndreaError names the first field that is damaged."""
+        def bad(name, value):
+            raise AndreaError(f"its curriculum state field {name!r} is damaged (found {_short(value)}).")
+
+        if not isinstance(d, dict):
+            bad("curriculum", d)
         if d.get("sources") != self.sources:
-            raise AndreaError(f"curriculum state is for sources {d.get('sources')}, this run has {self.sources}.")
+            raise AndreaError(f"its curriculum state is for sources {_short(d.get('sources'))}, this run has {self.sources}.")
         if d.get("mode") != self.mode:
-            raise AndreaError(f"curriculum state is for mode {d.get('mode')!r}, this run has {self.mode!r}.")
+            raise AndreaError(f"its curriculum state is for mode {_short(d.get('mode'))}, this run has {self.mode!r}.")
         if d.get("reward", "andrea") != self.reward:
-            raise AndreaError(f"curriculum state is for reward {d.get('reward', 'andrea')!r}, this run has {self.reward!r}.")
-        try:
-            version, internal, gauss = d["rng"]
-            self._rng.setstate((version, tuple(internal), gauss))
-            self._ema = [None if e is None else float(e) for e in d["ema"]]
-            self._pulls = [int(n) for n in d["pulls"]]
-            self._reward_sum = [float(r) for r in d["reward_sum"]]
-            self._recent = [None if r is None else float(r) for r in d.get("recent", [None] * len(self.sources))]
-            self._weights = [float(w) for w in d["weights"]]
-            self._open = None if d["open"] is None else list(d["open"])
-            self._next_reroll = int(d["next_reroll"])
-            self._step = int(d["step"])
-            self._rerolls = [(int(step), [float(x) for x in w]) for step, w in d["rerolls"]]
-            self._history = [(int(s), int(i), float(loss), float(r), int(k)) for s, i, loss, r, k in d["history"]]
-        except (KeyError, TypeError, ValueError) as e:
-            raise AndreaError(f"curriculum state is incomplete or malformed ({e!r}).") from None
+            raise AndreaError(f"its curriculum state is for reward {_short(d.get('reward', 'andrea'))}, "
+                              f"this run has {self.reward!r}.")
+        n = len(self.sources)
+        for key in ("rng", "ema", "pulls", "reward_sum", "weights", "open", "next_reroll", "step", "rerolls", "history"):
+            if key not in d:
+                raise AndreaError(f"its curriculum state has no field {key!r}.")
+        rng = _checked_rng(d["rng"]) or bad("rng", d["rng"])
+        ema = _per_source(d["ema"], n, _finite_or_none) or bad("ema", d["ema"])
+        pulls = _per_source(d["pulls"], n, _count) or bad("pulls", d["pulls"])
+        reward_sum = _per_source(d["reward_sum"], n, _finite) or bad("reward_sum", d["reward_sum"])
+        recent = _per_source(d.get("recent", [None] * n), n, _finite_or_none) or bad("recent", d.get("recent"))
+        weights = _weights(d["weights"], n) or bad("weights", d["weights"])
+        opened = d["open"]
+        if opened is not None and (not isinstance(opened, list) or opened != [s for s in self.sources if s in opened]
+                                   or not opened or any(w > 0 for s, w in zip(self.sources, weights) if s not in opened)):
+            bad("open", opened)
+        if opened is not None and abs(sum(weights) - 1.0) > 1e-6:
+            bad("weights", d["weights"])
+        step, next_reroll = d["step"], d["next_reroll"]
+        if not _count(step) or (steps is not None and step > max(0, steps - 1)):
+            bad("step", step)
+        if not _count(next_reroll):
+            bad("next_reroll", next_reroll)
+        next_reroll = min(next_reroll, step + self.reroll[1])  # a run resumed with a narrower reroll re-rolls in it
+        rerolls = _rerolls(d["rerolls"], n, step)
+        if rerolls is None:
+            bad("rerolls", d["rerolls"])
+        history = _history(d["history"], n, step, len(rerolls))
+        if history is None or (steps is not None and len(history) > steps):
+            bad("history", d["history"])
+        if [sum(1 for h in history if h[1] == i) for i in range(n)] != pulls:
+            bad("pulls", pulls)
+        return (rng, ema, pulls, reward_sum, recent, weights, None if opened is None else list(opened), next_reroll,
+                step, rerolls, history)
+
+
+# ---------------------------------------------------------------- checking a saved state
+
+
+def _short(value) -> str:
+    """A value as an error message shows it: its type for containers, else at most 60 characters."""
+    if isinstance(value, (list, dict)):
+        return f"a {type(value).__name__} of {len(value):,} items"
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10**30:
+        return "an integer of more than 30 digits"
+    return repr(value)[:60]
+
+
+def _count(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _finite_or_none(x) -> bool:
+    return x is None or _finite(x)
+
+
+def _per_source(value, n: int, ok) -> list | None:
+    """value as a list of n items that pass ok (ints kept, reals as floats), or None."""
+    if not isinstance(value, list) or len(value) != n or not all(ok(x) for x in value):
+        return None
+    return [x if x is None or (isinstance(x, int) and ok is _count) else float(x) for x in value]
+
+
+def _weights(value, n: int) -> list | None:
+    w = _per_source(value, n, _finite)
+    return w if w is not None and all(0.0 <= x <= 1.0 + _TOL for x in w) else None
+
+
+def _checked_rng(value) -> tuple | None:
+    """random.Random's state (version 3: 624 words and a position, then the gauss spare), or None."""
+    if not isinstance(value, list) or len(value) != 3:
+        return None
+    version, internal, gauss = value
+    if (version != 3 or not isinstance(internal, list) or len(internal) != 625
+            or not all(_count(x) and x < 2**32 for x in internal) or internal[-1] > 624
+            or not _finite_or_none(gauss)):
+        return None
+    return version, tuple(internal), gauss
+
+
+def _rerolls(value, n: int, step: int) -> list | None:
+    if not isinstance(value, list):
+        return None
+    out = []
+    for r in value:
+        if not isinstance(r, list) or len(r) != 2 or not _count(r[0]) or r[0] > step:
+            return None
+        w = _weights(r[1], n)
+        if w is None:
+            return None
+        out.append((r[0], w))
+    return out
+
+
+def _history(value, n: int, step: int, rerolls: int) -> list | None:
+    if not isinstance(value, list):
+        return None
+    out = []
+    for h in value:
+        if (not isinstance(h, list) or len(h) != 5 or not _count(h[0]) or h[0] > step or not _count(h[1]) or h[1] >= n
+                or not _finite(h[2]) or not _finite(h[3]) or not isinstance(h[4], int) or isinstance(h[4], bool)
+                or not -1 <= h[4] < rerolls):
+            return None
+        out.append((h[0], h[1], float(h[2]), float(h[3]), h[4]))
+    return out
 
 
 def plot_curriculum(history: list[dict], path) -> None:

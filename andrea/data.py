@@ -68,6 +68,7 @@ HEADER = struct.Struct("<8sIIQQ")  # 32 bytes
 assert HEADER.size == 32
 MANIFEST_VERSION = 2
 SHARD_TOKENS = 100_000_000  # training tokens per shard (a 200 MB file), by default
+MIN_SHARD_TOKENS, MAX_SHARD_TOKENS = 1_000, 2**40  # the shard size prepare accepts
 PROGRESS_FILE = "prepare-progress.json"
 
 
@@ -289,8 +290,10 @@ def prepare(tokenizer, sources: list[str], out_dir, log=print, progress: bool = 
     val_share = VAL_SHARE if val_share is None else float(val_share)
     if not 0 <= val_share < 1:
         raise AndreaError(f"the validation share must be at least 0 and below 1, not {val_share}.")
-    if int(shard_tokens) < 1:
-        raise AndreaError(f"shard_tokens must be a positive number of tokens, not {shard_tokens}.")
+    if not is_int(shard_tokens) or not MIN_SHARD_TOKENS <= shard_tokens <= MAX_SHARD_TOKENS:
+        raise AndreaError(f"shard_tokens must be a whole number of tokens from {MIN_SHARD_TOKENS:,} to "
+                          f"{MAX_SHARD_TOKENS:,} (a file per few tokens would make millions of files), "
+                          f"not {str(shard_tokens)[:40]}.")
     if tokenizer.vocab_size > 65536:
         raise AndreaError(f"the tokenizer has V = {tokenizer.vocab_size}; uint16 shards hold at most 65,536.")
     specs = [resolve(s) for s in sources]

@@ -168,6 +168,48 @@ class Cache:
         return len(self.k[0]) if self.k else 0
 
 
+def read_json(path):
+    """The JSON value of a file, or one EngineError sentence naming it and the line.
+
+    andrea's own reader (andrea.files.parse_json) does this for the package; the engine keeps its
+    own copy because it must run from a copy of this one file with the standard library alone.
+    Python's limits end in a sentence too: nesting too deep to parse (RecursionError) and integers
+    of more than 4,300 digits (ValueError)."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise EngineError(f"cannot read {path} ({e.strerror or e}).") from None
+    try:
+        return json.loads(raw)
+    except UnicodeDecodeError:
+        raise EngineError(f"{path} is not UTF-8 text, so not JSON.") from None
+    except json.JSONDecodeError as e:
+        raise EngineError(f"{path} is not valid JSON ({e.msg} at line {e.lineno:,}).") from None
+    except RecursionError:
+        depth, line = _deepest(raw)
+        raise EngineError(f"{path} nests its JSON too deeply to read ({depth:,} levels at line {line:,}).") from None
+    except ValueError:
+        found = re.search(rb"\d{4301,}", raw)
+        line = raw.count(b"\n", 0, found.start()) + 1 if found else 1
+        raise EngineError(f"{path} holds a number of more than 4,300 digits at line {line:,}, which is no number "
+                          f"this engine reads.") from None
+
+
+def _deepest(raw: bytes) -> tuple[int, int]:
+    """(deepest nesting of arrays and objects, the line it is reached on), strings skipped."""
+    depth, most, at = 0, 0, 0
+    for m in re.finditer(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]', raw, re.S):
+        c = m.group()
+        if c in (b"[", b"{"):
+            depth += 1
+            if depth > most:
+                most, at = depth, m.start()
+        elif c in (b"]", b"}"):
+            depth -= 1
+    return most, raw.count(b"\n", 0, at) + 1
+
+
 class Model:
     def __init__(self, config: dict, tensors: dict, tokenizer: Tokenizer | None = None):
         self.config = config
@@ -187,17 +229,17 @@ class Model:
         try:
             if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the read, a device never end
                 raise EngineError(f"{path} is not a regular file; give the JSON model's file.")
-            with open(path, "rb") as f:
-                doc = json.loads(f.read())
         except OSError as e:
             raise EngineError(f"cannot read {path} ({e.strerror or e}).") from None
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-            raise EngineError(f"{path} is not valid JSON.") from None
+        doc = read_json(path)
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise EngineError(f"{path} is not an ANDREA JSON model (no \"format\": \"{FORMAT}\").")
         cfg = _checked_config(doc.get("config"), path)
         tensors = {}
         given = doc.get("tensors") if isinstance(doc.get("tensors"), dict) else {}
+        if cfg["n_layer"] > len(given):  # before the config's layers are laid out one by one
+            raise EngineError(f"{path}: its config has {cfg['n_layer']:,} layers, but the file holds only "
+                              f"{len(given):,} tensors (a layer has six or more).")
         for name, shape in param_shapes(cfg).items():
             t = given.get(name)
             data = _flat(t)

@@ -192,13 +192,86 @@ def _alive(pid: int) -> bool:
     return True
 
 
+MAX_JSON_DEPTH = 100  # nesting andrea reads: its own files nest a few levels; deeper is refused, not recursed into
+_ESCAPE = re.compile(rb"\\.", re.S)
+_IDENTITY = bytes(range(256))
+_NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'[]{}"')
+_STRING = re.compile(rb'"[^"]*"')
+_TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.S)
+_LONG_DIGITS = re.compile(rb"\d{4301,}")
+
+
+class _TooDeep(Exception):
+    pass
+
+
+def parse_json(data, where: str, line: int | None = None):
+    """The JSON value of `data` (bytes or str), or one AndreaError that names `where` (a file, a
+    request body) and the line: the one reading path for every JSON andrea takes in.
+
+    Python's own limits end in the same sentence as a syntax error: nesting deeper than
+    MAX_JSON_DEPTH (checked before parsing, so a value nested 990 deep never reaches code that
+    recurses over it) and integers of more than 4,300 digits. `line` is the line of a JSONL file
+    `data` came from (its own line numbers are then left out)."""
+    at = f"{where} line {line:,}" if line else where
+    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
+    try:
+        _check_depth(raw)
+        return json.loads(data)
+    except UnicodeDecodeError:
+        raise AndreaError(f"{at} is not UTF-8 text, so not JSON.") from None
+    except json.JSONDecodeError as e:
+        inner = "" if line else f" at line {e.lineno:,}"
+        raise AndreaError(f"{at} is not valid JSON ({e.msg}{inner}).") from None
+    except (_TooDeep, RecursionError):
+        inner = "" if line else f" at line {_deep_line(raw):,}"
+        raise AndreaError(f"{at} nests its JSON more than {MAX_JSON_DEPTH} levels deep{inner}; "
+                          f"andrea reads no JSON nested that deep.") from None
+    except ValueError:  # int(): Python reads integers of at most 4,300 digits
+        found = _LONG_DIGITS.search(raw)
+        inner = "" if line or found is None else f" at line {_line_at(raw, found.start()):,}"
+        raise AndreaError(f"{at} holds a number of more than 4,300 digits{inner}, which is no number andrea "
+                          f"reads.") from None
+
+
+def _check_depth(raw: bytes) -> None:
+    """Raise _TooDeep when raw nests arrays and objects deeper than MAX_JSON_DEPTH. The brackets
+    are found in C (escapes and strings dropped); only they are walked in Python."""
+    if raw.count(b"[") + raw.count(b"{") <= MAX_JSON_DEPTH:
+        return
+    marks = _ESCAPE.sub(b"", raw).translate(_IDENTITY, _NOT_STRUCTURE)  # brackets and the quotes of strings
+    depth = 0
+    for c in _STRING.sub(b"", marks):
+        depth += 1 if c in b"[{" else -1
+        if depth > MAX_JSON_DEPTH:
+            raise _TooDeep
+
+
+def _deep_line(raw: bytes) -> int:
+    """The line where raw first nests deeper than MAX_JSON_DEPTH (for the error only)."""
+    depth = 0
+    for m in _TOKEN.finditer(raw):
+        c = m.group()
+        if c in (b"[", b"{"):
+            depth += 1
+            if depth > MAX_JSON_DEPTH:
+                return _line_at(raw, m.start())
+        elif c in (b"]", b"}"):
+            depth -= 1
+    return 1
+
+
+def _line_at(raw: bytes, offset: int) -> int:
+    return raw.count(b"\n", 0, offset) + 1
+
+
 def read_json(path, what: str = "file"):
     """The JSON value in a file, or an AndreaError that names `what`, the path and the problem."""
     path = Path(path)
     if path.exists() and not path.is_dir():
         check_regular(path, what)
     try:
-        return json.loads(path.read_bytes())
+        data = path.read_bytes()
     except FileNotFoundError:
         raise AndreaError(f"{what} {path} does not exist.") from None
     except IsADirectoryError:
@@ -207,12 +280,7 @@ def read_json(path, what: str = "file"):
         raise AndreaError(f"{what} {path} cannot be read (permission denied).") from None
     except OSError as e:
         raise AndreaError(f"{what} {path} cannot be read ({e.strerror}).") from None
-    except UnicodeDecodeError:
-        raise AndreaError(f"{what} {path} is not UTF-8 text, so not a JSON file.") from None
-    except json.JSONDecodeError as e:
-        raise AndreaError(f"{what} {path} is not valid JSON ({e.msg} at line {e.lineno}).") from None
-    except RecursionError:
-        raise AndreaError(f"{what} {path} nests its JSON too deeply to read.") from None
+    return parse_json(data, f"{what} {path}")
 
 
 class FolderLock:

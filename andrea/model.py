@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from andrea.config import ModelConfig
+from andrea.config import ModelConfig, check_memory, count_params, model_bytes
 from andrea.errors import AndreaError
 from andrea.positions import RotaryEmbedding, sinusoidal_table
 
@@ -43,6 +43,7 @@ class KVCache:
     def __init__(self, cfg: ModelConfig, batch_size: int, max_len: int | None = None, device=None, dtype=torch.float32):
         max_len = max_len or cfg.block_size
         shape = (cfg.n_layer, batch_size, cfg.n_head, max_len, cfg.head_dim)
+        _check_cache_memory(shape, device, dtype)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.positions = torch.arange(max_len, device=device)  # a key's position, for the masks of fixed-shape steps
@@ -59,6 +60,18 @@ class KVCache:
             raise AndreaError(f"the KV cache was made for batch size {self.k.shape[1]}, got a batch of {B}.")
         if self.length + T > self.max_len:
             raise AndreaError(f"the KV cache holds {self.max_len} positions: {self.length} are filled and {T} more do not fit.")
+
+
+def _check_cache_memory(shape: tuple, device, dtype) -> None:
+    """Refuse a KV cache that cannot fit, by arithmetic, before it is allocated."""
+    device = torch.device(device) if device is not None else torch.get_default_device()
+    if device.type == "meta":
+        return
+    need = 2 * math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+    cuda = device.type == "cuda"
+    check_memory(need, f"a KV cache of {shape[3]:,} positions over {shape[0]:,} layers", "generate from a model "
+                 "with a shorter context", have=torch.cuda.mem_get_info(device)[0] if cuda else None,
+                 where="the GPU" if cuda else "this machine")
 
 
 class Attention(nn.Module):
@@ -227,6 +240,9 @@ class Block(nn.Module):
 class ANDREA(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
+        if torch.get_default_device().type != "meta":  # counted by arithmetic before anything is allocated
+            check_memory(model_bytes(cfg), f"a model of {count_params(cfg):,} parameters ({cfg.n_layer:,} layers, "
+                         f"width {cfg.n_embd:,}, context {cfg.block_size:,})", "choose a smaller model config")
         self.config = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
         if cfg.pos == "learned":

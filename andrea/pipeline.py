@@ -210,10 +210,10 @@ def repeated_ngram_share(text: str, n: int = 4) -> float:
 
 def _eval_at(metrics: Path, step: int) -> dict | None:
     """The evaluation logged at `step` in a run's metrics.jsonl (None when there is none)."""
+    from andrea.train import read_metrics
+
     found = None
-    if metrics.exists():
-        for line in metrics.read_text().splitlines():
-            row = json.loads(line)
-            if row.get("step") == step and row.get("eval"):
-                found = row["eval"]
+    for row in read_metrics(metrics):
+        if row.get("step") == step and isinstance(row.get("eval"), dict):
+            found = row["eval"]
     return found

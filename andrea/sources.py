@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import json
 import os
 import re
 import zlib
@@ -49,7 +48,7 @@ from pathlib import Path
 from andrea.corpus import resolve_source
 from andrea.errors import AndreaError
 from andrea.fetched import SPLIT_FILES, check_fetched, is_fetched_folder
-from andrea.files import check_regular
+from andrea.files import check_regular, parse_json
 
 VAL_SHARE = 0.05  # the share of documents held out for validation (a fetched source keeps its own)
 DOC_BYTES = 20_000  # a plain-text document ends at the first blank line this far into it
@@ -496,12 +495,7 @@ def documents(task):
             if not raw.strip():
                 continue
             n = first + k
-            try:
-                obj = json.loads(raw)
-            except UnicodeDecodeError:
-                raise AndreaError(f"{path} line {n:,} is not UTF-8 text.") from None
-            except json.JSONDecodeError as e:
-                raise AndreaError(f"{path} line {n:,} is not valid JSON ({e.msg}).") from None
+            obj = parse_json(raw, path, line=n)
             text = obj.get(field) if isinstance(obj, dict) else None
             if not isinstance(text, str):
                 what = "has no" if not isinstance(obj, dict) or field not in obj else "has a non-text"

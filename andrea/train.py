@@ -58,7 +58,15 @@ from andrea.checkpoint import load_checkpoint, save_checkpoint
 from andrea.config import BOS, ModelConfig, is_int, is_real
 from andrea.data import TokenData, check_validation, verify_shards
 from andrea.errors import AndreaError
-from andrea.files import FolderLock, atomic_output, atomic_write_bytes, check_writable, remove_dead_temps, write_error_reason
+from andrea.files import (
+    FolderLock,
+    atomic_output,
+    atomic_write_bytes,
+    check_writable,
+    parse_json,
+    remove_dead_temps,
+    write_error_reason,
+)
 from andrea.flops import flops_per_token, peak_flops
 from andrea.model import ANDREA
 from andrea.optim import lr_at, make_optimizer, param_names_in_order
@@ -203,9 +211,13 @@ class RunState:
                 or not is_int(smma.get("n")) or not 0 <= smma["n"] <= smma["window"] or not is_real(smma.get("value"))
                 or (smma["n"] > 0 and not math.isfinite(smma["value"]))):
             bad("smma", smma)
+        parts = {}  # the curriculum's and the audit's state, checked against this run's sources
         for field, part in (("curriculum", self.curriculum), ("audit", self.auditor)):
-            if part is not None and field in meta and not isinstance(meta[field], dict):
-                bad(field, meta[field])
+            if part is not None and field in meta:
+                try:
+                    parts[field] = part.check_state(meta[field]) if field == "audit" else part.check_state(meta[field], step)
+                except AndreaError as e:
+                    raise AndreaError(f"{where}: {e}") from None
         rng = np.random.default_rng()
         if "data_rng" in meta:
             try:
@@ -226,10 +238,10 @@ class RunState:
         self.smma.load_state_dict(smma)
         if "data_rng" in meta:
             self.data_rng = rng
-        if self.curriculum is not None and "curriculum" in meta:
-            self.curriculum.load_state_dict(meta["curriculum"])
-        if self.auditor is not None and "audit" in meta:
-            self.auditor.load_state_dict(meta["audit"])
+        if "curriculum" in parts:
+            self.curriculum.load_state_dict(meta["curriculum"], step)
+        if "audit" in parts:
+            self.auditor.streak, self.auditor.scores = parts["audit"]
         if "rng_torch" in meta:
             torch.set_rng_state(meta["rng_torch"])
 
@@ -263,6 +275,7 @@ class Run:
         check_validation(data, self.names, cfg.seq_len)
         verify_shards(data, log if self.master else None, save=self.master)
         self.per_rank, self.micro, self.accum = _batch_split(cfg, self.world)
+        _check_training_memory(model_cfg, cfg, self.micro, self.device)
         self.lock = None
         if self.master:
             check_writable(self.out, "the run folder")
@@ -776,6 +789,48 @@ def evaluate(model, data: TokenData, seq_len: int, windows: int, micro_batch: in
     return out
 
 
+def read_metrics(path: Path) -> list[dict]:
+    """The rows of a metrics.jsonl that are JSON objects, in order. A damaged line (cut off by a
+    crash, garbage, null) is left out: the file feeds pictures and summaries, never the run."""
+    rows = []
+    try:
+        with open(path, "rb") as f:
+            for line in f:
+                try:
+                    row = parse_json(line, str(path))
+                except AndreaError:
+                    continue
+                if isinstance(row, dict):
+                    rows.append(row)
+    except OSError:
+        pass
+    return rows
+
+
+def _finite_number(x) -> bool:
+    return is_real(x) and math.isfinite(x)
+
+
+def loss_curves(rows: list[dict]):
+    """(steps, losses, smoothed losses, {source: [(step, validation loss)]}) from the rows of a
+    metrics.jsonl; a row missing a number, or holding one of the wrong type, is left out."""
+    steps, loss, smma, ev = [], [], [], {}
+    for row in rows:
+        step = row.get("step")
+        if not is_int(step):
+            continue
+        if "eval" in row:
+            got = row["eval"]
+            if not isinstance(got, dict):
+                continue
+            for name, m in got.items():
+                if isinstance(m, dict) and _finite_number(m.get("loss")):
+                    ev.setdefault(str(name), []).append((step, m["loss"]))
+        elif _finite_number(row.get("loss")) and _finite_number(row.get("smma")):
+            steps.append(step), loss.append(row["loss"]), smma.append(row["smma"])
+    return steps, loss, smma, ev
+
+
 def plot_losses(metrics_path: Path, png_path: Path) -> None:
     import matplotlib
 
@@ -784,21 +839,12 @@ def plot_losses(metrics_path: Path, png_path: Path) -> None:
 
     from andrea.lab import plain_text
 
-    steps, loss, smma, ev_steps, ev = [], [], [], [], {}
-    with open(metrics_path) as f:
-        for line in f:
-            row = json.loads(line)
-            if "loss" in row and "eval" not in row:
-                steps.append(row["step"]), loss.append(row["loss"]), smma.append(row["smma"])
-            elif "eval" in row:
-                ev_steps.append(row["step"])
-                for name, m in row["eval"].items():
-                    ev.setdefault(name, []).append(m["loss"])
+    steps, loss, smma, ev = loss_curves(read_metrics(metrics_path))
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
     ax.plot(steps, loss, color="0.75", lw=0.8, label="train loss")
     ax.plot(steps, smma, color="C0", lw=1.5, label="smoothed (SMMA)")
-    for i, (name, values) in enumerate(ev.items()):
-        ax.plot(ev_steps[: len(values)], values, marker="o", ms=3, lw=1.2 if name != "all" else 2,
+    for i, (name, points) in enumerate(ev.items()):
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", ms=3, lw=1.2 if name != "all" else 2,
                 color="k" if name == "all" else f"C{i + 1}", label=f"val {name}")
     ax.set_xlabel("step"), ax.set_ylabel("cross-entropy (nats/token)"), ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -826,6 +872,20 @@ def _batch_split(cfg: TrainConfig, world: int) -> tuple[int, int, int]:
 
 def _fmt_rho(rho) -> str:
     return "n/a" if rho is None else f"{rho:+.3f}"
+
+
+def _check_training_memory(model_cfg: ModelConfig, cfg: TrainConfig, micro: int, device: torch.device) -> None:
+    """Refuse, before anything is built, a run whose model and micro-batch cannot fit: counted by
+    arithmetic (`andrea.config.training_bytes`), against the GPU's free memory or the machine's."""
+    from andrea.config import check_memory, training_bytes
+    from andrea.model import LOSS_CHUNK
+
+    cuda = device.type == "cuda"
+    need = training_bytes(model_cfg, micro, cfg.seq_len, LOSS_CHUNK if cuda else None)
+    have = torch.cuda.mem_get_info(device)[0] if cuda else None
+    check_memory(need, f"training this model on micro-batches of {micro:,} × {cfg.seq_len:,} tokens", "lower "
+                 "--batch-size, or give --micro-batch so that gradients accumulate over smaller batches, or choose a "
+                 "smaller model", have=have, where="the GPU" if cuda else "this machine")
 
 
 def _fmt_time(seconds: float) -> str:

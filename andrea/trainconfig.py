@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from andrea.config import MAX_SEED, PRESETS, check_fields, is_int, is_real
 from andrea.curriculum import DEFAULT_C, DEFAULT_REROLL, MODES, REWARDS, Curriculum
 from andrea.errors import AndreaError
-from andrea.files import atomic_write_bytes, read_json
+from andrea.files import atomic_write_bytes, parse_json, read_json
 from andrea.optim import DEFAULT_LR, RECIPES
 
 SAMPLING = (*MODES, "proportional")  # the curriculum's modes, or by token count with no curriculum
@@ -61,7 +61,9 @@ def _int_at_least(low: int, high: int = MAX_INT):
     return check
 
 
+MAX_AUDIT_TOKENS = 10_000  # an audit sample is scored as text; more would only stall the run between steps
 positive_int, non_negative_int = _int_at_least(1), _int_at_least(0)
+audit_tokens_int = _int_at_least(1, MAX_AUDIT_TOKENS)
 batch_int, seed_int = _int_at_least(1, MAX_BATCH), _int_at_least(0, MAX_SEED)
 
 
@@ -152,7 +154,7 @@ def setting(default, check, help: str, **flag) -> object:
 AUDIT = {
     "enabled": Setting(True, boolean, "score a generated sample every `every` steps and halt a collapsed run"),
     "every": Setting(100, positive_int, "steps between sample audits"),
-    "tokens": Setting(420, positive_int, "tokens generated for each audit sample"),
+    "tokens": Setting(420, audit_tokens_int, f"tokens generated for each audit sample (at most {MAX_AUDIT_TOKENS:,})"),
     "threshold": Setting(30.0, percent, "a score below this (0-100) counts as a low score"),
     "patience": Setting(5, positive_int, "low scores in a row that halt the run"),
 }
@@ -349,9 +351,9 @@ def _source_flag(item: str):
     if not item.lstrip().startswith("{"):
         return item
     try:
-        return json.loads(item)
-    except json.JSONDecodeError as e:
-        raise AndreaError(f"--sources item {item!r} is not a source name or a JSON object ({e.msg}).") from None
+        return parse_json(item, "the item")
+    except AndreaError as e:
+        raise AndreaError(f"--sources item {item[:60]!r} is not a source name or a JSON object: {e}") from None
 
 
 def apply_overrides(cfg: TrainConfig, **flags) -> TrainConfig:

@@ -147,7 +147,7 @@ def test_bad_values_get_one_json_sentence(client, capfd, path, body, message):
 
 def test_bodies_methods_and_paths(client, capfd):
     r = client.post("/api/token", content=b"{not json")
-    assert r.status_code == 400 and r.json()["error"] == "the request body is not valid JSON."
+    assert r.status_code == 400 and r.json()["error"] == "the request body is not valid JSON (Expecting property name enclosed in double quotes at line 1)."
     r = client.post("/api/token", content=b"[1, 2]")
     assert r.status_code == 400 and "JSON object" in r.json()["error"]
     r = client.post("/api/token", content=b"\xff\xfe")

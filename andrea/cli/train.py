@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 SHARD_TOKENS = 100_000_000  # andrea.data.SHARD_TOKENS (not imported here: --help stays fast)
+MIN_SHARD_TOKENS = 1_000  # andrea.data.MIN_SHARD_TOKENS
 
 
 def cmd_prepare(args) -> int:
@@ -86,7 +87,7 @@ def register(sub) -> None:
                    help="the share of documents held out for validation (default 0.05; a fetched source keeps "
                         "its own split)")
     p.add_argument("--shard-tokens", type=int, default=SHARD_TOKENS, metavar="N",
-                   help=f"training tokens per shard (default {SHARD_TOKENS:,}, files of 200 MB)")
+                   help=f"training tokens per shard, {MIN_SHARD_TOKENS:,} to 2^40 (default {SHARD_TOKENS:,}, files of 200 MB)")
     p.add_argument("--workers", type=int, default=None, metavar="K", help="encoding processes (default: every core)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_prepare)

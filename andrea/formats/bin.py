@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from andrea.checkpoint import Checkpoint
-from andrea.config import ModelConfig
+from andrea.config import ModelConfig, count_params, norm_params
 from andrea.errors import AndreaError
 from andrea.files import atomic_output
 from andrea.formats.common import (
@@ -100,8 +100,11 @@ def stored_shapes(cfg: ModelConfig, norms: str) -> dict[str, tuple[int, ...]]:
 
 
 def counts(cfg: ModelConfig) -> dict[str, int]:
-    """n_params of a file for this config with each kind of norms."""
-    return {kind: sum(math.prod(s) for s in stored_shapes(cfg, kind).values()) for kind in NORM_KINDS}
+    """n_params of a file for this config with each kind of norms, by arithmetic (no model is
+    built, so a config of a million layers costs nothing to compare)."""
+    out = {kind: count_params(cfg.replace(norm=kind)) for kind in ("layernorm", "rmsnorm")}
+    out["none"] = out[cfg.norm] - (2 * cfg.n_layer + 1) * norm_params(cfg)
+    return out
 
 
 def _flipped(name: str, shape: tuple, orient: Orientation) -> bool:
@@ -221,7 +224,7 @@ def _with_norms(cfg: ModelConfig, state: dict, weight: float) -> dict:
 
 
 def _describe(cfg: ModelConfig) -> str:
-    return (f"V={cfg.vocab_size}, d={cfg.n_embd}, {cfg.n_layer} layers, T={cfg.block_size}, "
+    return (f"V={cfg.vocab_size:,}, d={cfg.n_embd:,}, {cfg.n_layer:,} layers, T={cfg.block_size:,}, "
             f"positions {cfg.pos}, {cfg.norm}")
 
 

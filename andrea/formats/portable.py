@@ -68,8 +68,11 @@ def read_json(path) -> tuple[Checkpoint, list[str]]:
     step = doc.get("step", 0)
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise AndreaError(f"{path} has step {step!r}; expected a whole number >= 0.")
-    shapes = param_shapes(cfg)
+    if cfg.n_layer > len(tensors):  # counted before the config's model is laid out, block by block
+        raise AndreaError(f"{path}: its config has {cfg.n_layer:,} layers, but the file holds only {len(tensors):,} "
+                          f"tensors (a layer has six or more); the config or the tensors are damaged.")
     raw = {name: _tensor(name, value, path) for name, value in tensors.items()}
+    shapes = param_shapes(cfg)
     state, notes = _orient(raw, shapes, path)
     state = check_weights(cfg, state, str(path))
     meta = {"step": step}

@@ -84,16 +84,14 @@ def log(message: str) -> None:
 
 
 def parse_json(raw: bytes) -> dict:
-    """A request body as a JSON object, or a 400 that says why not (never Python's own error)."""
+    """A request body as a JSON object, or a 400 that says why not (never Python's own error):
+    andrea's one JSON reader, `andrea.files.parse_json`, with its limits on depth and digits."""
+    from andrea.files import parse_json as read
+
     try:
-        body = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise ApiError(400, "the request body is not UTF-8 text.") from None
-    except RecursionError:
-        raise ApiError(400, "the request body nests too deeply to be read.") from None
-    except ValueError as e:  # not JSON, or a number too long for Python to read
-        what = "a number in it is too long" if "digits" in str(e) else "it is not valid JSON"
-        raise ApiError(400, f"the request body cannot be read: {what}.") from None
+        body = read(raw, "the request body")
+    except AndreaError as e:
+        raise ApiError(400, str(e)) from None
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object.")
     return body

@@ -39,6 +39,7 @@ import numpy as np
 from andrea import lab
 from andrea.config import PRESETS
 from andrea.errors import AndreaError
+from andrea.files import parse_json
 from andrea.web import growth
 from andrea.web.fields import MAX_K, MAX_WORD_CHARS, BadRequest, Fields, rounded
 from andrea.web.growth import LESSON_PAIRS, GrowthViews
@@ -230,9 +231,9 @@ async def _read_body(request) -> dict:
     if not raw.strip():
         return {}
     try:
-        body = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise BadRequest("the request body is not valid JSON.") from None
+        body = parse_json(raw, "the request body")
+    except AndreaError as e:  # not JSON, too deep, a number too long: one sentence, 400
+        raise BadRequest(str(e)) from None
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object.")
     return body

@@ -1,0 +1,390 @@
+"""Every promise on every path, for what enters andrea: the run state a checkpoint brings back,
+Python's own JSON limits, sizes claimed by a config or a flag, and one huge or hostile document.
+
+Each case is a real file or a real process; each ends in work done or in one sentence and exit 2."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from andrea.cli import main
+from andrea.config import ModelConfig
+from andrea.data import TokenData, prepare
+from andrea.errors import AndreaError
+from andrea.tokenizer import HarrisTokenizer
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+WORDS = "the king and queen sat on a mat while dogs ran to their owners talking of old things".split()
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def documents(seed: int, n: int, words: int = 200) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(words)).capitalize() + "." for _ in range(n)]
+
+
+def cli(capsys, *args) -> tuple[int, str, str]:
+    """The command run in this process: (exit status, stdout, stderr); never a traceback."""
+    code = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err and "Traceback" not in out
+    return code, out, err
+
+
+def one_sentence(code: int, err: str) -> str:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2, err
+    assert len(lines) == 1 and lines[0].startswith("andrea: error: "), err
+    return lines[0]
+
+
+def run_cli(*args, timeout=120, stdin=None, env=None) -> subprocess.CompletedProcess:
+    """The command in a fresh process."""
+    return subprocess.run([sys.executable, "-m", "andrea", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, stdin=stdin, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+
+
+def process_sentence(done: subprocess.CompletedProcess) -> str:
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    return one_sentence(done.returncode, done.stderr)
+
+
+def peak_rss(args: list, timeout=300, stdin=None) -> tuple[subprocess.CompletedProcess, int]:
+    """Run `python -m andrea ARGS` under /usr/bin/time -v: (the process, its peak RSS in bytes)."""
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("r") as report:
+        done = subprocess.run(["/usr/bin/time", "-v", "-o", report.name, sys.executable, "-m", "andrea", *map(str, args)],
+                              capture_output=True, text=True, timeout=timeout, stdin=stdin,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        line = next(x for x in open(report.name).read().splitlines() if "Maximum resident set size" in x)
+    return done, int(line.split(":")[1]) * 1024
+
+
+# ---------------------------------------------------------------- a real run with a curriculum and an audit
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("harden")
+    (root / "north.txt").write_text("\n\n".join(documents(1, 40)))
+    (root / "south.txt").write_text("\n\n".join(documents(3, 40)))
+    tok = HarrisTokenizer.train(documents(2, 30), 20)
+    prepare(tok, [str(root / "north.txt"), str(root / "south.txt")], root / "data", log=lambda *a: None, progress=False)
+    return root / "data"
+
+
+@pytest.fixture(scope="module")
+def model_json(data_dir) -> Path:
+    path = data_dir.parent / "model.json"
+    ModelConfig(vocab_size=TokenData(data_dir).vocab_size, n_embd=32, n_head=2, n_layer=1, block_size=32).save(path)
+    return path
+
+
+def train_args(data_dir, model_json, out, *extra, steps=4):
+    return ["train", "--data", data_dir, "--out", out, "--model-config", model_json, "--max-steps", steps,
+            "--batch-size", "2", "--seq-len", "16", "--warmup-steps", "2", "--checkpoint-every", "2", "--eval-every", "2",
+            "--eval-windows", "1", "--audit", "--audit-every", "2", "--audit-tokens", "8", "--no-progress", *extra]
+
+
+@pytest.fixture(scope="module")
+def run_dir(data_dir, model_json, tmp_path_factory) -> Path:
+    """A healthy run of 4 steps over two sources: its checkpoints hold a curriculum and an audit."""
+    out = tmp_path_factory.mktemp("run") / "r"
+    assert main([str(a) for a in train_args(data_dir, model_json, out)]) in (0, 3)
+    meta = read_meta(out / "latest.safetensors")
+    assert meta["curriculum"]["history"] and meta["audit"]["scores"]
+    return out
+
+
+def read_meta(path: Path) -> dict:
+    with safe_open(str(path), framework="pt") as f:
+        return json.loads(f.metadata()["andrea"])
+
+
+def damaged_copy(run_dir: Path, dst: Path, change) -> Path:
+    """The run folder copied to dst, its latest checkpoint's metadata changed by change(meta)."""
+    dst.mkdir(parents=True)
+    for name in ("best.safetensors", "metrics.jsonl"):
+        (dst / name).write_bytes((run_dir / name).read_bytes())
+    with safe_open(str(run_dir / "latest.safetensors"), framework="pt") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+        meta = json.loads(f.metadata()["andrea"])
+    change(meta)
+    save_file(tensors, str(dst / "latest.safetensors"), metadata={"andrea": json.dumps(meta)})
+    return dst
+
+
+def _set(section, key, value):
+    def change(m):
+        m[section][key] = value(m[section][key]) if callable(value) else value
+    return change
+
+
+def _history_source(m):
+    m["curriculum"]["history"][0][1] = 99
+
+
+def _history_entry(m):
+    m["curriculum"]["history"][0] = [0, 0, "x", 0.0, 0]
+
+
+def _rng(m):
+    m["curriculum"]["rng"][1][3] = 2**40
+
+
+RUN_STATE_DAMAGE = {
+    "curriculum weights NaN": (_set("curriculum", "weights", lambda w: [math.nan] * len(w)), "weights"),
+    "curriculum weights too short": (_set("curriculum", "weights", lambda w: w[:1]), "weights"),
+    "curriculum weights Infinity": (_set("curriculum", "weights", lambda w: [math.inf] * len(w)), "weights"),
+    "curriculum pulls negative": (_set("curriculum", "pulls", lambda p: [-1] * len(p)), "pulls"),
+    "curriculum pulls not the history's": (_set("curriculum", "pulls", lambda p: [x + 1 for x in p]), "pulls"),
+    "curriculum pulls Infinity": (_set("curriculum", "pulls", lambda p: [math.inf] * len(p)), "pulls"),
+    "curriculum ema Infinity": (_set("curriculum", "ema", lambda e: [math.inf] * len(e)), "ema"),
+    "curriculum ema one too many": (_set("curriculum", "ema", lambda e: e + [1.0]), "ema"),
+    "curriculum reward_sum NaN": (_set("curriculum", "reward_sum", lambda e: [math.nan] * len(e)), "reward_sum"),
+    "curriculum history names source 99": (_history_source, "history"),
+    "curriculum history entry damaged": (_history_entry, "history"),
+    "curriculum history far longer than the run": (_set("curriculum", "history", lambda h: h * 50), "history"),
+    "curriculum step Infinity": (_set("curriculum", "step", math.inf), "step"),
+    "curriculum step beyond the run": (_set("curriculum", "step", 10**6), "step"),
+    "curriculum next_reroll negative": (_set("curriculum", "next_reroll", -5), "next_reroll"),
+    "curriculum open names an unknown source": (_set("curriculum", "open", ["nowhere"]), "open"),
+    "curriculum rng word too large": (_rng, "rng"),
+    "curriculum rng a string": (_set("curriculum", "rng", "x"), "rng"),
+    "curriculum rerolls damaged": (_set("curriculum", "rerolls", [[0, [math.nan, 0.5]]]), "rerolls"),
+    "curriculum recent NaN": (_set("curriculum", "recent", lambda r: [math.nan] * len(r)), "recent"),
+    "curriculum a list": (lambda m: m.__setitem__("curriculum", [1, 2]), "curriculum"),
+    "audit scores Infinity": (_set("audit", "scores", lambda s: [math.inf] * len(s)), "scores"),
+    "audit scores beyond 100": (_set("audit", "scores", lambda s: [1e9] * len(s)), "scores"),
+    "audit streak negative": (_set("audit", "streak", -3), "streak"),
+    "audit streak longer than the scores": (_set("audit", "streak", 10**6), "streak"),
+    "audit streak Infinity": (_set("audit", "streak", math.inf), "streak"),
+}
+
+
+@pytest.mark.parametrize("case", list(RUN_STATE_DAMAGE))
+def test_damaged_run_state_is_refused_before_work_starts(data_dir, model_json, run_dir, tmp_path, capsys, case):
+    """Each field of the curriculum's and the audit's saved state, damaged (wrong type, out of range,
+    not finite, of the wrong length, against the run's sources): `train --resume` ends in one
+    sentence that names the checkpoint and the field, exit 2, before a step, and the checkpoint is
+    left as it was."""
+    change, field = RUN_STATE_DAMAGE[case]
+    out = damaged_copy(run_dir, tmp_path / "r", change)
+    before = (out / "latest.safetensors").read_bytes()
+    code, _, err = cli(capsys, *train_args(data_dir, model_json, out, "--resume", steps=8))
+    line = one_sentence(code, err)
+    assert str(out / "latest.safetensors") in line and repr(field) in line, line
+    assert (out / "latest.safetensors").read_bytes() == before
+    assert "step 5" not in (out / "metrics.jsonl").read_text()
+
+
+def test_an_intact_run_state_resumes(data_dir, model_json, run_dir, tmp_path, capsys):
+    """The checks refuse no state a run wrote: the copy resumes to its end."""
+    out = damaged_copy(run_dir, tmp_path / "r", lambda m: None)
+    code, _, err = cli(capsys, *train_args(data_dir, model_json, out, "--resume", steps=8))
+    assert code in (0, 3), err
+    assert read_meta(out / "latest.safetensors")["step"] == 8
+
+
+@pytest.mark.parametrize("damage", ["missing key", "null", "garbage", "wrong types", "cut off"])
+def test_a_damaged_metrics_file_costs_at_most_the_picture(data_dir, model_json, run_dir, tmp_path, capsys, damage):
+    """metrics.jsonl with a row missing a key, a `null` line, a garbage line, numbers of the wrong
+    type or a line cut off by a crash: the resumed run trains to its end and draws loss.png."""
+    out = damaged_copy(run_dir, tmp_path / "r", lambda m: None)
+    metrics = out / "metrics.jsonl"
+    extra = {"missing key": '{"step": 3, "loss": 2.0}\n{"step": 4, "eval": {"all": {}}}\n',
+             "null": "null\n", "garbage": "\x00\x01 not json {\n",
+             "wrong types": '{"step": "x", "loss": [1], "smma": null}\n{"step": 2, "eval": [1, 2]}\n'
+                            '{"step": 2, "eval": {"all": {"loss": "x"}}}\n',
+             "cut off": '{"step": 4, "loss": 2.0, "sm'}[damage]
+    metrics.write_text(metrics.read_text() + extra)
+    (out / "loss.png").unlink(missing_ok=True)
+    code, stdout, err = cli(capsys, *train_args(data_dir, model_json, out, "--resume", steps=6))
+    assert code in (0, 3), err
+    assert "could not draw" not in stdout + err
+    assert (out / "loss.png").stat().st_size > 1000
+
+
+# ---------------------------------------------------------------- 2. Python's JSON limits
+
+
+LONG_INT = "9" * 5000
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+def test_one_json_reader_turns_python_limits_into_one_sentence(tmp_path):
+    from andrea.files import MAX_JSON_DEPTH, parse_json, read_json
+
+    cases = {"long.json": '{"a": 1,\n "b": ' + LONG_INT + "}", "deep.json": '{"a":\n\n' + DEEP + "}",
+             "deep990.json": "[" * 990 + "]" * 990}
+    for name, text in cases.items():
+        (tmp_path / name).write_text(text)
+    with pytest.raises(AndreaError, match=r"long\.json holds a number of more than 4,300 digits at line 2"):
+        read_json(tmp_path / "long.json", "config file")
+    with pytest.raises(AndreaError, match=rf"deep\.json nests its JSON more than {MAX_JSON_DEPTH} levels deep at line 3"):
+        read_json(tmp_path / "deep.json", "config file")
+    with pytest.raises(AndreaError, match="nests its JSON"):  # parses in Python, but nothing may recurse over it
+        read_json(tmp_path / "deep990.json")
+    assert parse_json('{"s": "[[[[\\"[[[[", "t": [[1], {"u": [2]}]}', "x") == {"s": '[[[["[[[[', "t": [[1], {"u": [2]}]}
+    assert parse_json("[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH, "x") is not None
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory) -> Path:
+    return HarrisTokenizer.train(documents(2, 30), 20).save(tmp_path_factory.mktemp("tok") / "tok")
+
+
+@pytest.mark.parametrize("bad", ["long", "deep"])
+def test_jsonl_sources_with_python_limits_end_in_one_sentence(tokenizer_dir, tmp_path, capsys, bad):
+    """A JSONL source whose line 3 holds a 5,000-digit number or nests 100,000 deep: `prepare` (its
+    worker pool too) and `tokenizer train` end in one sentence naming the file and the line."""
+    value = LONG_INT if bad == "long" else DEEP
+    src = tmp_path / "src.jsonl"
+    good = "".join(json.dumps({"text": d}) + "\n" for d in documents(5, 2))
+    src.write_text(good + '{"text": "x", "n": ' + value + "}\n" + good)
+    for args in (["prepare", src, "--tokenizer", tokenizer_dir, "--out", tmp_path / "d", "--workers", "2", "--no-progress"],
+                 ["prepare", src, "--tokenizer", tokenizer_dir, "--out", tmp_path / "d1", "--workers", "1", "--no-progress"],
+                 ["tokenizer", "train", src, "--segments", "5", "--out", tmp_path / "t"]):
+        line = one_sentence(*cli(capsys, *args)[::2])
+        assert f"{src} line 3 " in line, line
+
+
+@pytest.mark.parametrize("bad", ["long", "deep"])
+def test_configs_models_and_manifests_with_python_limits_end_in_one_sentence(data_dir, run_dir, tmp_path, capsys, bad):
+    """A model config, a training config, a data manifest, a JSON model (andrea and the pure-Python
+    engine) and a --sources item holding a 5,000-digit number or nesting 100,000 deep."""
+    value = LONG_INT if bad == "long" else DEEP
+    model_cfg = tmp_path / "model.json"
+    model_cfg.write_text('{"n_layer":\n' + value + "}")
+    train_cfg = tmp_path / "train.json"
+    train_cfg.write_text('{"max_steps":\n' + value + "}")
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "manifest.json").write_text('{"format": "andrea-shards",\n "version": ' + value + "}")
+    model = tmp_path / "m.json"
+    model.write_text('{"format": "andrea-json", "version": 1,\n "step": ' + value + "}")
+    for args, name in ((["params", "--config", model_cfg], "model.json"),
+                       (["train", "--config", train_cfg, "--out", tmp_path / "o"], "train.json"),
+                       (["train", "--data", data, "--out", tmp_path / "o2", "--max-steps", "1"], "manifest.json"),
+                       (["convert", model, tmp_path / "c.safetensors"], "m.json"),
+                       (["train", "--data", data_dir, "--out", tmp_path / "o3", "--max-steps", "1",
+                         "--sources", '{"name": "north", "floor": ' + value + "}"], "--sources item")):
+        line = one_sentence(*cli(capsys, *args)[::2])
+        assert name in line and ("line 2" in line or name == "--sources item"), line
+    engine = subprocess.run([sys.executable, str(ROOT / "andrea" / "engine.py"), str(model)], capture_output=True,
+                            text=True, timeout=60)
+    assert engine.returncode == 2 and "Traceback" not in engine.stderr, engine.stderr[-2000:]
+    assert engine.stderr.count("\n") == 1 and "m.json" in engine.stderr and "line 2" in engine.stderr
+
+
+def test_a_checkpoint_whose_metadata_holds_python_limits_ends_in_one_sentence(run_dir, tmp_path, capsys):
+    with safe_open(str(run_dir / "latest.safetensors"), framework="pt") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+        meta = f.metadata()["andrea"]
+    for i, value in enumerate((LONG_INT, DEEP)):
+        bad = tmp_path / f"c{i}.safetensors"
+        save_file(tensors, str(bad), metadata={"andrea": meta[:-1] + ', "x": ' + value + "}"})
+        line = one_sentence(*cli(capsys, "generate", "--checkpoint", bad, "--prompt", "a")[::2])
+        assert str(bad) in line and ("4,300 digits" in line or "nests its JSON" in line), line
+
+
+def test_the_lab_answers_400_to_bodies_at_python_limits(lab_checkpoint):
+    """A request body holding a 5,000-digit number, or nested 8,000 or 990 deep (within the body's
+    16 KB): 400 with one sentence, never 500."""
+    from starlette.testclient import TestClient
+
+    from andrea import lab
+    from andrea.web.server import create_app
+
+    with TestClient(create_app(lab.load_subject(lab_checkpoint)), raise_server_exceptions=False) as client:
+        for body in ('{"k": ' + LONG_INT + "}", '{"k": ' + "[" * 8000 + "]" * 8000 + "}",
+                     '{"k": ' + "[" * 990 + "]" * 990 + "}"):
+            r = client.post("/api/token", content=body, headers={"content-type": "application/json"})
+            assert r.status_code == 400, (r.status_code, r.text[:200])
+            assert r.json()["error"].startswith("the request body ")
+
+
+# ---------------------------------------------------------------- 3. sizes counted before anything is allocated
+
+
+def big_config(data_dir: Path, path: Path, **changes) -> Path:
+    cfg = {"vocab_size": TokenData(data_dir).vocab_size, "n_embd": 32, "n_head": 2, "n_layer": 1, "block_size": 32}
+    path.write_text(json.dumps({**cfg, **changes}))
+    return path
+
+
+@pytest.mark.parametrize("changes", [{"n_embd": 100_000}, {"block_size": 10**9}, {"n_layer": 10**6},
+                                     {"block_size": 10**9, "pos": "rope"}])
+def test_a_model_too_big_for_memory_is_refused_by_arithmetic(data_dir, tmp_path, capsys, changes):
+    """Width 10^5, context 10^9 (learned or rope) and 10^6 layers: `train` ends in one sentence that
+    says the memory the model would need, before anything is built; `params` still counts it."""
+    cfg = big_config(data_dir, tmp_path / "big.json", **changes)
+    line = one_sentence(*cli(capsys, "train", "--data", data_dir, "--out", tmp_path / "o", "--model-config", cfg,
+                             "--max-steps", "1", "--seq-len", "16", "--no-progress")[::2])
+    assert "needs at least" in line and " GB of memory" in line and "available" in line, line
+    code, out, _ = cli(capsys, "params", "--config", cfg)
+    assert code == 0 and "total" in out
+
+
+def test_a_huge_model_is_refused_in_a_bounded_process(data_dir, tmp_path):
+    """10^6 layers in a real process, under /usr/bin/time: one sentence, little memory."""
+    cfg = big_config(data_dir, tmp_path / "big.json", n_layer=10**6)
+    done, peak = peak_rss(["train", "--data", data_dir, "--out", tmp_path / "o", "--model-config", cfg,
+                           "--max-steps", "1", "--seq-len", "16", "--no-progress"])
+    assert "needs at least" in process_sentence(done)
+    assert peak < 1_000_000_000, f"peak {peak:,} bytes"
+
+
+def test_a_batch_too_big_for_memory_is_refused_before_the_first_step(data_dir, model_json, tmp_path, capsys):
+    """--batch-size 1048576 (inside the limit of 2^20): refused with the memory it would need, naming
+    --micro-batch; with --micro-batch the same batch is within memory and passes the check."""
+    args = ["train", "--data", data_dir, "--out", tmp_path / "o", "--model-config", model_json, "--max-steps", "1",
+            "--seq-len", "16", "--no-progress", "--batch-size", "1048576"]
+    line = one_sentence(*cli(capsys, *args)[::2])
+    assert "micro-batches of 1,048,576 × 16 tokens" in line and "--micro-batch" in line and " GB of memory" in line
+
+
+def test_release_folders_and_json_models_claiming_a_million_layers_are_refused_at_once(run_dir, tmp_path, capsys):
+    """A .bin release folder and a JSON model whose config claims 10^6 layers: `convert` (and the
+    engine) end in one sentence within seconds, building no model of a million blocks."""
+    import time
+
+    release, model = tmp_path / "release", tmp_path / "m.json"
+    assert cli(capsys, "convert", run_dir / "latest.safetensors", release, "--to", "bin")[0] == 0
+    assert cli(capsys, "convert", run_dir / "latest.safetensors", model, "--to", "json")[0] == 0
+    cfg = json.loads((release / "config.json").read_text())
+    (release / "config.json").write_text(json.dumps({**cfg, "n_layer": 10**6}))
+    doc = json.loads(model.read_text())
+    doc["config"]["n_layer"] = 10**6
+    model.write_text(json.dumps(doc))
+    for src in (release, model):
+        start = time.time()
+        line = one_sentence(*cli(capsys, "convert", src, tmp_path / "out.safetensors")[::2])
+        assert time.time() - start < 10 and "1,000,000" in line, line
+    engine = subprocess.run([sys.executable, str(ROOT / "andrea" / "engine.py"), str(model)], capture_output=True,
+                            text=True, timeout=60)
+    assert engine.returncode == 2 and "1,000,000 layers" in engine.stderr and "Traceback" not in engine.stderr
+
+
+def test_audit_tokens_and_shard_tokens_are_bounded(data_dir, model_json, tokenizer_dir, tmp_path, capsys):
+    """--audit-tokens 10^9 and prepare --shard-tokens 1 would run without end: refused at once."""
+    line = one_sentence(*cli(capsys, "train", "--data", data_dir, "--out", tmp_path / "o", "--model-config", model_json,
+                             "--max-steps", "1", "--audit-tokens", str(10**9))[::2])
+    assert "audit.tokens must be at most 10,000" in line
+    src = tmp_path / "a.txt"
+    src.write_text("\n\n".join(documents(4, 3)))
+    line = one_sentence(*cli(capsys, "prepare", src, "--tokenizer", tokenizer_dir, "--out", tmp_path / "d",
+                             "--shard-tokens", "1", "--no-progress")[::2])
+    assert "shard_tokens must be a whole number of tokens from 1,000" in line
