@@ -217,7 +217,8 @@ def parse_json(data, where: str, line: int | None = None):
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
     try:
         _check_depth(raw)
-        return json.loads(data)
+        # bytes are UTF-8 (RFC 8259), decoded strictly: json.loads would guess UTF-16 or UTF-32 from them
+        return json.loads(raw.decode("utf-8") if isinstance(data, (bytes, bytearray, memoryview)) else data)
     except UnicodeDecodeError:
         raise AndreaError(f"{at} is not UTF-8 text, so not JSON.") from None
     except json.JSONDecodeError as e:
