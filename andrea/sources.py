@@ -24,6 +24,10 @@ follows a non-space character (so the pieces encode to exactly the tokens of the
 a line end, or, failing both, at a character boundary; only the first piece starts with BOS and
 every piece goes to the split of the first.
 
+Documents of JSONL. A line is one document, parsed whole up to CHUNK_BYTES; a longer line is read
+from the stream (andrea.jsonline) and its text comes in pieces cut as above, so memory holds a few
+megabytes of it however long it is, and the pieces encode to the tokens of the whole.
+
 The validation split. Every document of a source is in validation when the first 8 bytes of the
 BLAKE2b digest of its UTF-8 bytes (of its first piece, when it is read in pieces), read as a
 big-endian integer, fall below `val_share` x 2^64. The choice depends on the document alone, so
@@ -49,6 +53,7 @@ from andrea.corpus import resolve_source
 from andrea.errors import AndreaError
 from andrea.fetched import SPLIT_FILES, check_fetched, is_fetched_folder
 from andrea.files import check_regular, parse_json
+from andrea.jsonline import LongLine
 
 VAL_SHARE = 0.05  # the share of documents held out for validation (a fetched source keeps its own)
 DOC_BYTES = 20_000  # a plain-text document ends at the first blank line this far into it
@@ -58,6 +63,7 @@ READ_BYTES = 4 << 20  # one read from a file
 PARQUET_BATCH = 2048  # rows per batch read from a row group
 
 TEXT, JSONL, PARQUET = "text", "jsonl", "parquet"
+PIECES = "pieces"  # the text of one long JSONL line, in pieces
 SUFFIXES = {  # suffix -> (kind, compression)
     ".txt": (TEXT, None), ".txt.gz": (TEXT, "gz"), ".txt.zst": (TEXT, "zst"),
     ".jsonl": (JSONL, None), ".jsonl.gz": (JSONL, "gz"), ".jsonl.zst": (JSONL, "zst"),
@@ -414,18 +420,53 @@ def _text_pieces(f: InputFile, val_share: float):
 
 def _jsonl_tasks(f: InputFile, field: str, val_share: float):
     buf, line, disk = b"", 1, 0
-    for block, d in _blocks(f):
+    blocks = _blocks(f)
+    for block, d in blocks:
         buf += block
         disk += d
         while len(buf) >= CHUNK_BYTES:
-            end = buf.rfind(b"\n", 0, CHUNK_BYTES) + 1 or buf.find(b"\n", CHUNK_BYTES) + 1
-            if end == 0:
-                break  # one line longer than a chunk: read on to its end
+            end = buf.rfind(b"\n", 0, CHUNK_BYTES) + 1
+            if end == 0:  # one line longer than a chunk: read in pieces, never whole
+                reader = LongLine(buf, blocks, f.path, line)
+                yield from _long_line_tasks(reader, f, field, val_share, disk)
+                buf, disk, line = reader.rest or b"", 0, line + 1
+                if reader.rest is None:
+                    return
+                continue
             yield (JSONL, str(f.path), line, buf[:end], field, f.split, val_share), disk
             line += buf.count(b"\n", 0, end)
             buf, disk = buf[end:], 0
     if buf or disk:
         yield (JSONL, str(f.path), line, buf, field, f.split, val_share), disk
+
+
+def _long_line_tasks(reader, f: InputFile, field: str, val_share: float, disk: int):
+    """Tasks of pieces of the text of one long JSONL line (andrea.jsonline), cut as the pieces of
+    a long plain-text document are (so they encode to exactly the tokens of the whole, and the
+    split is decided on the same first piece). A text of white space alone is dropped as a short
+    line's is, unless it runs past PIECE_BYTES before its first other character."""
+    pending, pieces, size, first, in_val = b"", [], 0, True, False
+
+    def take(raw: bytes) -> None:
+        nonlocal first, in_val, size
+        if first:
+            in_val = f.split == "val" if f.split else is_validation(raw, val_share)
+        pieces.append((raw, first, in_val))
+        first, size = False, size + len(raw)
+
+    for text in reader.text_chunks(field):
+        pending += text.encode("utf-8", "surrogatepass")
+        while len(pending) > PIECE_BYTES:
+            cut = cut_point(pending, PIECE_BYTES)
+            take(pending[:cut])
+            pending = pending[cut:]
+        if size >= CHUNK_BYTES:
+            yield (PIECES, str(f.path), pieces), disk + reader.disk
+            pieces, size, disk, reader.disk = [], 0, 0, 0
+    if pending and (not first or pending.decode("utf-8", "surrogatepass").strip()):
+        take(pending)
+    yield (PIECES, str(f.path), pieces), disk + reader.disk
+    reader.disk = 0
 
 
 def _parquet_file(path: Path):
@@ -489,6 +530,9 @@ def documents(task):
                 where = line + piece.count(b"\n", 0, e.start)
                 raise AndreaError(f"{path} is not UTF-8 text: invalid bytes at line {where:,} (byte {at:,}).") from None
             yield text, bos, in_val, len(piece)
+    elif kind == PIECES:
+        for piece, bos, in_val in task[2]:
+            yield piece.decode("utf-8", "surrogatepass"), bos, in_val, len(piece)
     elif kind == JSONL:
         _, _, first, block, field, split, val_share = task
         for k, raw in enumerate(block.split(b"\n")):

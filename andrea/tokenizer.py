@@ -33,6 +33,11 @@ Training, in full (HarrisTokenizer.train):
     4. Candidates: each piece between two boundaries of a word (the first piece keeps the word's
        leading space), whole words included, counted over the corpus. A candidate is two bytes or
        more (one byte is already a token) and occurs at least `min_count` times.
+       What one word may cost is capped: a word of more than MAX_WORD_CHARS (100) characters
+       (no English word; a run of letters a text was never meant to hold) takes part in training
+       only as text the chosen segments encode (step 5): it is not counted in SV or PV, and
+       neither it nor its pieces are candidates. So fitting stays linear in the corpus, whatever
+       one word holds.
     5. Keep the N candidates that save the most tokens. Start from the 3N with the most bytes to
        save (count x (bytes - 1)); then, until N remain, encode the corpus's words with the
        current set and drop the quarter whose removal would cost the fewest extra tokens. Do it
@@ -58,6 +63,7 @@ import multiprocessing
 import numbers
 import os
 import re
+import zlib
 from array import array
 from collections import Counter, defaultdict
 from contextlib import contextmanager
@@ -95,6 +101,8 @@ PARALLEL_CHARS = 1_500_000  # below this, starting worker processes costs more t
 PARALLEL_COUNT_CHARS = 6_000_000 if _compiled is not None else PARALLEL_CHARS
 PARALLEL_WORDS = 20_000  # word types from which the two prunings of select_segments run side by side
 CACHE_LIMIT = 1_000_000  # words remembered by encode before the cache starts over
+MAX_WORD_CHARS = 100  # training: a longer word is only text to encode, never counted for segments
+MAX_WORDS_BYTES = 64 << 20  # the longest word list (harris_words.txt.gz, inflated) read; andrea writes a few MB
 
 
 def _surrogatepass_or_replace(err: UnicodeDecodeError):
@@ -267,11 +275,12 @@ def _sv_peaks(words: list[str], width: int, low: int):
 
 
 def letter_word_counts(word_counts) -> Counter:
-    """Lowercase letter words (the leading space dropped) with their counts."""
+    """Lowercase letter words (the leading space dropped) with their counts; words longer than
+    MAX_WORD_CHARS are left out (see "Training": one word's cost is capped)."""
     out = Counter()
     for w, k in word_counts.items():
-        m = LETTER_WORD_RE.fullmatch(w)
-        if m:
+        m = LETTER_WORD_RE.fullmatch(w) if len(w) <= MAX_WORD_CHARS + 1 else None
+        if m and len(m.group(2)) <= MAX_WORD_CHARS:
             out[m.group(2).lower()] += k
     return out
 
@@ -394,8 +403,9 @@ def _gc_paused():
 
 
 def candidate_counts(word_counts, stats: SuccessorVariety) -> Counter:
-    """Every piece between two boundaries of every word, counted (whole words included)."""
-    cands = defaultdict(int, word_counts)
+    """Every piece between two boundaries of every word, counted (whole words included, but
+    none longer than MAX_WORD_CHARS: their pieces and their statistics are never counted)."""
+    cands = defaultdict(int, {w: k for w, k in word_counts.items() if len(w) - w.startswith(" ") <= MAX_WORD_CHARS})
     cuts_of = stats.all_boundaries()  # lowercase word -> its boundaries, where it has any
     spans_of = {}  # lowercase word -> the (start, end) of its pieces, found once
     fullmatch = LETTER_WORD_RE.fullmatch
@@ -612,10 +622,11 @@ class HarrisTokenizer:
 
     BOS = BOS
 
-    def __init__(self, segments, meta: dict | None = None, words=None):
+    def __init__(self, segments, meta: dict | None = None, words=None, words_file=None):
         self.segments = _check_segments(list(segments), "the segment list")
         self.meta = dict(meta or {})
         self._words = words  # the word types behind the SV statistics, when known
+        self._words_file = None if words is not None or words_file is None else Path(words_file)  # read on first use
         self._stats = None
         self._ids = {s: FIRST_SEGMENT + i for i, s in enumerate(self.segments)}
         self._bytes = [bytes([b]) for b in range(256)] + [b""] + [_utf8(s) for s in self.segments]
@@ -624,10 +635,10 @@ class HarrisTokenizer:
         self._cache = _WordCache(self._rule.encode)
 
     def __getstate__(self):  # the compiled trie does not pickle: it is rebuilt from the segments
-        return {"segments": self.segments, "meta": self.meta, "words": self._words}
+        return {"segments": self.segments, "meta": self.meta, "words": self._words, "words_file": self._words_file}
 
     def __setstate__(self, state):
-        self.__init__(state["segments"], state["meta"], state["words"])
+        self.__init__(state["segments"], state["meta"], state["words"], state.get("words_file"))
 
     # ---- sizes and labels
 
@@ -762,9 +773,17 @@ class HarrisTokenizer:
         return tok
 
     @property
+    def words(self) -> list[str] | None:
+        """The word types behind the successor-variety statistics (None if they were not kept),
+        read from harris_words.txt.gz when first asked for."""
+        if self._words is None and self._words_file is not None:
+            self._words, self._words_file = read_word_list(self._words_file), None
+        return self._words
+
+    @property
     def stats(self) -> SuccessorVariety | None:
         """The successor-variety statistics of the training corpus (None if they were not kept)."""
-        if self._stats is None and self._words is not None:
+        if self._stats is None and self.words is not None:
             self._stats = SuccessorVariety(self._words)
         return self._stats
 
@@ -804,6 +823,8 @@ class HarrisTokenizer:
         atomic_write_bytes(directory / META_FILE, (json.dumps(meta, indent=2, ensure_ascii=False) + "\n").encode())
         if self._words is not None:
             atomic_write_bytes(directory / WORDS_FILE, gzip.compress(("\n".join(self._words) + "\n").encode(), mtime=0))
+        elif self._words_file is not None and self._words_file.resolve() != (directory / WORDS_FILE).resolve():
+            atomic_write_bytes(directory / WORDS_FILE, self._words_file.read_bytes())  # as it was: never inflated here
         return directory
 
     @classmethod
@@ -828,12 +849,24 @@ class HarrisTokenizer:
                                   f"says {d['n_segments']:,}; the two files do not belong together.")
             meta = tok.meta
         words_file = seg_file.with_name(WORDS_FILE)
-        if path.is_dir() and words_file.is_file():
-            try:
-                words = gzip.decompress(words_file.read_bytes()).decode("utf-8").split()
-            except (OSError, EOFError, UnicodeDecodeError):
-                raise AndreaError(f"{words_file} is damaged (not gzip-compressed UTF-8 text).") from None
-        return cls(segments, meta, words)
+        return cls(segments, meta, words, words_file if path.is_dir() and words_file.is_file() else None)
+
+
+def read_word_list(path: Path, limit: int = MAX_WORDS_BYTES) -> list[str]:
+    """The words of a harris_words.txt.gz, inflated a block at a time and at most `limit` bytes of
+    them, so a small file that inflates to gigabytes (a gzip bomb) is refused, not read."""
+    chunks, size = [], 0
+    try:
+        with gzip.open(path, "rb") as f:
+            while block := f.read(1 << 20):
+                size += len(block)
+                if size > limit:
+                    raise AndreaError(f"{path} inflates to more than {limit >> 20:,} MiB, more than any word list andrea "
+                                      f"writes; delete it (the tokenizer works without it) or train the tokenizer again.")
+                chunks.append(block)
+        return b"".join(chunks).decode("utf-8").split()
+    except (OSError, EOFError, UnicodeDecodeError, zlib.error):
+        raise AndreaError(f"{path} is damaged (not gzip-compressed UTF-8 text).") from None
 
 
 def _encode_slice(bounds):

@@ -388,3 +388,152 @@ def test_audit_tokens_and_shard_tokens_are_bounded(data_dir, model_json, tokeniz
     line = one_sentence(*cli(capsys, "prepare", src, "--tokenizer", tokenizer_dir, "--out", tmp_path / "d",
                              "--shard-tokens", "1", "--no-progress")[::2])
     assert "shard_tokens must be a whole number of tokens from 1,000" in line
+
+
+# ---------------------------------------------------------------- 4. one huge or hostile document
+
+
+def prose(seed: int, n_bytes: int) -> str:
+    """Sentences of WORDS, with the characters a JSON writer escapes (quotes, backslashes, new
+    lines, tabs), letters beyond ASCII and beyond the BMP, until n_bytes."""
+    rng = random.Random(seed)
+    extra = ['"so"', "back\\slash", "naïve", "😀", "tab\there", "new\nline", "Ünïcödé", "a\u3000b"]
+    parts, n = [], 0
+    while n < n_bytes:
+        s = " ".join(rng.choice(WORDS + extra) for _ in range(30)).capitalize() + ".\n"
+        parts.append(s)
+        n += len(s)
+    return "".join(parts)
+
+
+def need_time():
+    if not os.access("/usr/bin/time", os.X_OK):
+        pytest.skip("/usr/bin/time is not installed (apt-get install time); peak memory is measured with it")
+
+
+def test_a_long_jsonl_line_is_read_in_pieces_that_make_the_same_text_and_tokens(tmp_path):
+    """A 5 MB line (longer than a reading chunk) between short ones, its text field after and
+    before other fields, written with and without ASCII escapes: read in pieces of at most 1 MiB
+    that join to json.loads's text, that encode to exactly the tokens of the whole, and that
+    fall in the split of the whole document."""
+    from andrea.sources import PIECE_BYTES, documents, first_piece, is_validation, resolve, tasks
+
+    texts = [prose(1, 200), prose(2, 5_000_000), prose(3, 300), prose(4, 4_500_000)]
+    path = tmp_path / "long.jsonl"
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(json.dumps({"text": texts[0]}) + "\n")
+        f.write(json.dumps({"id": 7, "meta": {"a": [1, {"b": "x" * 2_000_000}]}, "text": texts[1], "z": [None, 1.5]}) + "\n")
+        f.write(json.dumps({"text": texts[2]}, ensure_ascii=False) + "\n")
+        f.write(json.dumps({"text": texts[3], "after": "yes"}, ensure_ascii=False) + "\n")
+    got = []
+    for task, _ in tasks(resolve(str(path))):
+        for text, bos, in_val, n in documents(task):
+            assert n <= PIECE_BYTES
+            if bos:
+                got.append(([text], in_val))
+            else:
+                got[-1][0].append(text)
+    assert [("".join(parts), val) for parts, val in got] == [
+        (t, is_validation(first_piece(t.encode("utf-8", "surrogatepass")), 0.05)) for t in texts]
+    tok = HarrisTokenizer.train([prose(5, 20_000)], 40)
+    for parts, _ in got[1::2]:
+        assert len(parts) >= 4
+        assert [i for k, p in enumerate(parts) for i in tok.encode(p, bos=k == 0)] == tok.encode("".join(parts))
+
+
+@pytest.mark.parametrize("line, words", [
+    ('{"text": "' + "x" * 5_000_000, "is not valid JSON (unterminated string)"),
+    ('{"other": "' + "x" * 5_000_000 + '"}', "has no 'text' field"),
+    ('{"m": "' + "x" * 5_000_000 + '", "text": 5}', "has a non-text 'text' field"),
+    ('{"text": "' + "x" * 5_000_000 + '"} junk', "is not valid JSON (extra data after the object)"),
+    ('{"text": "' + "x" * 5_000_000 + '", "m": ' + "[" * 5000 + "]" * 5000 + "}", "nests its JSON"),
+    ('{"text": "' + "x" * 5_000_000 + '", "m": ' + "9" * 5000 + "}", "more than 4,300 digits"),
+    ('{"text": "' + "x" * 5_000_000 + '\\q"}', "is not valid JSON (Invalid \\escape)"),
+])
+def test_a_damaged_long_jsonl_line_ends_in_the_sentence_of_a_short_one(tmp_path, line, words):
+    from andrea.sources import documents, resolve, tasks
+
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"text": "fine"}\n' + line + "\n")
+    with pytest.raises(AndreaError) as e:
+        for task, _ in tasks(resolve(str(path))):
+            list(documents(task))
+    assert str(e.value).startswith(f"{path} line 2 ") and words in str(e.value), e.value
+
+
+@pytest.mark.slow
+def test_one_huge_jsonl_line_costs_its_pieces_not_its_size(tmp_path):
+    """A 64 MB one-line JSONL: `tokenizer train --sample-bytes 5M` takes about its budget and
+    `prepare` streams it; both peak far below the size of the line (measured with /usr/bin/time;
+    reading the line whole peaked at 1.2 GB and 0.5 GB on a 60 MB line)."""
+    need_time()
+    src = tmp_path / "one.jsonl"
+    with open(src, "w", encoding="utf-8") as f:
+        f.write('{"text": ')
+        f.write(json.dumps("".join(prose(k, 2_000_000) for k in range(32))))
+        f.write("}\n")
+    done, peak = peak_rss(["tokenizer", "train", src, "--sample-bytes", "5M", "--segments", "30", "--out", tmp_path / "t"])
+    assert done.returncode == 0, done.stderr[-2000:]
+    taken = int(done.stdout.split(" documents, ")[1].split(" bytes")[0].replace(",", ""))
+    assert taken <= 1.5 * 5_000_000 + (1 << 20), done.stdout
+    assert peak < 500_000_000, f"tokenizer train peaked at {peak:,} bytes"
+    done, peak = peak_rss(["prepare", src, "--tokenizer", tmp_path / "t", "--out", tmp_path / "d", "--no-progress",
+                           "--workers", "1"])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert peak < 420_000_000, f"prepare peaked at {peak:,} bytes"
+
+
+@pytest.mark.slow
+def test_a_prompt_without_end_is_refused_not_read(run_dir):
+    """generate and chat reading /dev/zero: one sentence, exit 2, a bounded read (not MemoryError)."""
+    need_time()
+    for command in ("generate", "chat"):
+        with open("/dev/zero", "rb") as zero:
+            done, peak = peak_rss([command, "--checkpoint", run_dir, "--max-new-tokens", "1"], stdin=zero, timeout=120)
+        assert "longer than 4 MiB" in process_sentence(done)
+        assert peak < 800_000_000, f"{command} peaked at {peak:,} bytes"
+
+
+def test_one_very_long_word_costs_training_its_length_not_its_square():
+    """A 200,000-letter word (twice, so it could be a candidate) among ordinary text: fitting ends
+    in seconds (it grew with the square of the word: 2.3 s at 40,000 letters, over a minute at
+    200,000), and no segment is longer than the cap."""
+    import time
+
+    from andrea import tokenizer
+
+    rng = random.Random(0)
+    word = "".join(rng.choice("abcdefghij") for _ in range(200_000))
+    hostile = " ".join("".join(rng.choice("ab") for _ in range(300)) for _ in range(2000))  # peaks everywhere
+    texts = [" ".join(rng.choice(WORDS) for _ in range(2000)) for _ in range(20)] + [word + " " + word, hostile]
+    start = time.time()
+    tok = HarrisTokenizer.train(texts, 15)
+    assert time.time() - start < 20
+    assert max(len(s) for s in tok.segments) <= getattr(tokenizer, "MAX_WORD_CHARS", 100) + 1
+    assert tok.decode(tok.encode(word, bos=False)) == word
+
+
+@pytest.mark.slow
+def test_a_word_list_that_inflates_to_gigabytes_is_never_read_on_load(tmp_path, capsys):
+    """harris_words.txt.gz replaced by 1 MB of gzip that inflates to 1 GB: loading the tokenizer
+    (encode, prepare) does not inflate it; `inspect`, which needs it, reads at most its cap and
+    ends in one sentence; peak memory stays far below the inflated size."""
+    import gzip
+
+    need_time()
+    folder = HarrisTokenizer.train(documents(2, 30), 20).save(tmp_path / "tok")
+    with gzip.open(folder / "harris_words.txt.gz", "wb", compresslevel=1) as f:
+        block = b"a" * (64 << 20)
+        for _ in range(16):
+            f.write(block)
+    assert (folder / "harris_words.txt.gz").stat().st_size < 20_000_000
+    done, peak = peak_rss(["tokenizer", "encode", "--tokenizer", folder, "the king"])
+    assert done.returncode == 0 and done.stdout.strip(), done.stderr[-2000:]
+    assert peak < 400_000_000, f"encode peaked at {peak:,} bytes"
+    done, peak = peak_rss(["tokenizer", "inspect", "--tokenizer", folder, "king"])
+    assert "inflates to more than 64 MiB" in process_sentence(done)
+    assert peak < 600_000_000, f"inspect peaked at {peak:,} bytes"
+    src = tmp_path / "a.txt"
+    src.write_text("\n\n".join(documents(4, 3)))
+    code, _, err = cli(capsys, "prepare", src, "--tokenizer", folder, "--out", tmp_path / "d", "--no-progress")
+    assert code == 0, err

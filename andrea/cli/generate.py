@@ -16,13 +16,23 @@ def _text(data: bytes, what: str) -> str:
                           f"andrea reads prompts as UTF-8.") from None
 
 
+MAX_PROMPT_BYTES = 4 << 20  # a model sees at most its context (some thousand tokens) of a prompt
+
+
 def _read_stdin(line: bool = False) -> str:
-    """All of standard input, or one line of it, as UTF-8 text."""
+    """All of standard input, or one line of it, as UTF-8 text: at most MAX_PROMPT_BYTES, so a
+    stream without end (/dev/zero, a runaway pipe) is refused, not read until memory runs out."""
     raw = getattr(sys.stdin, "buffer", None)
     if raw is None:  # a text stream with no bytes beneath it
-        return sys.stdin.readline() if line else sys.stdin.read()
+        text = sys.stdin.readline(MAX_PROMPT_BYTES + 1) if line else sys.stdin.read(MAX_PROMPT_BYTES + 1)
+        data = None
+    else:
+        data = raw.readline(MAX_PROMPT_BYTES + 1) if line else raw.read(MAX_PROMPT_BYTES + 1)
     what = "a line on standard input" if line else "the prompt on standard input"
-    return _text(raw.readline() if line else raw.read(), what)
+    if len(data if data is not None else text) > MAX_PROMPT_BYTES:
+        raise AndreaError(f"{what} is longer than {MAX_PROMPT_BYTES >> 20} MiB; give a shorter prompt (a model sees only "
+                          f"the last part of it that fits its context).")
+    return text if data is None else _text(data, what)
 
 
 def _check_prompt(prompt: str) -> str:
