@@ -188,8 +188,11 @@ def resolve(spec) -> SourceSpec:
     else:
         fmt = format_of(path) or (TEXT, None)  # a file named on its own is read as plain text
         files = [InputFile(path, *fmt)]
-    for f in files:  # a FIFO would block the reader, a device never end: refused before reading starts
-        check_regular(f.path, "the source file")
+    for f in files:  # checked before any work starts
+        check_regular(f.path, "the source file")  # a FIFO would block the reader, a device never end
+        problem = zstd_truncation(f.path) if f.compression == "zst" else None
+        if problem:
+            raise AndreaError(f"{f.path} {problem}: it is truncated or damaged; copy or download it again.")
     return SourceSpec(name, path, files)
 
 
@@ -242,10 +245,6 @@ def _open(f: InputFile):
         return gzip.GzipFile(fileobj=raw, mode="rb"), raw
     if f.compression == "zst":
         zstd = _need("zstandard", f"{f.path} (zstd)")
-        problem = zstd_truncation(f.path)
-        if problem:
-            raw.close()
-            raise AndreaError(f"{f.path} {problem}: it is truncated or damaged; copy or download it again.")
         return zstd.ZstdDecompressor().stream_reader(raw, read_across_frames=True, closefd=True), raw
     return raw, raw
 
