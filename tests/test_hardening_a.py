@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from safetensors import safe_open
 from safetensors.torch import save_file
+from test_reliability import cli, one_sentence
 
 from andrea.cli import main
 from andrea.config import ModelConfig
@@ -34,19 +35,6 @@ def documents(seed: int, n: int, words: int = 200) -> list[str]:
     return [" ".join(rng.choice(WORDS) for _ in range(words)).capitalize() + "." for _ in range(n)]
 
 
-def cli(capsys, *args) -> tuple[int, str, str]:
-    """The command run in this process: (exit status, stdout, stderr); never a traceback."""
-    code = main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    assert "Traceback" not in err and "Traceback" not in out
-    return code, out, err
-
-
-def one_sentence(code: int, err: str) -> str:
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert code == 2, err
-    assert len(lines) == 1 and lines[0].startswith("andrea: error: "), err
-    return lines[0]
 
 
 def run_cli(*args, timeout=120, stdin=None, env=None) -> subprocess.CompletedProcess:

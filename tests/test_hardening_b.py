@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from test_reliability import cli, one_sentence
 
 from andrea.checkpoint import load_checkpoint
 from andrea.cli import main
@@ -66,18 +67,6 @@ def run_dir(root) -> Path:
     return out
 
 
-def cli(capsys, *args) -> tuple[int, str, str]:
-    code = main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    assert "Traceback" not in err and "Traceback" not in out
-    return code, out, err
-
-
-def one_sentence(code: int, err: str) -> str:
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert code == 2, err
-    assert len(lines) == 1 and lines[0].startswith("andrea: error: "), err
-    return lines[0]
 
 
 def andrea(*args, timeout=120, env=None, **kw) -> subprocess.CompletedProcess:
