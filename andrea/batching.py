@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from andrea.config import BOS
 from andrea.decode import CPULayouts, attention_kernels
 from andrea.errors import AndreaError
-from andrea.generate import check_sampling, sample_next, window_keep
+from andrea.generate import check_prompt_ids, check_sampling, sample_next, window_keep
 from andrea.model import KVCache
 
 MIN_ROWS = 4  # the sampled rows of a step are multiplied as at least this many (zero rows pad)
@@ -122,13 +122,7 @@ class BatchDecoder:
              seed: int | None = None, owner=None) -> Sequence:
         """Run the prompt in a free slot; the sequence samples its first token at the next step."""
         check_sampling(1, temperature, top_k, top_p, seed)
-        ids = [int(t) for t in prompt_ids]
-        if not ids:
-            raise AndreaError("the prompt is empty; give at least one token.")
-        V = self.config.vocab_size
-        bad = [t for t in ids if not 0 <= t < V]
-        if bad:
-            raise AndreaError(f"token id {bad[0]} is out of range: ids must be in 0..{V - 1} (V = {V}).")
+        ids = check_prompt_ids(prompt_ids, self.config.vocab_size)
         if None not in self.slots:
             raise AndreaError(f"all {self.max_batch} slots are taken; a sequence must leave first.")
         T = self.config.block_size

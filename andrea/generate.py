@@ -41,6 +41,17 @@ def window_keep(block_size: int) -> int:
     return max(1, block_size // 2)
 
 
+def check_prompt_ids(prompt_ids, vocab_size: int) -> list[int]:
+    """The prompt's token ids as ints, once they are known to be at least one and all below V."""
+    ids = [int(t) for t in prompt_ids]
+    if not ids:
+        raise AndreaError("the prompt is empty; give at least one token.")
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise AndreaError(f"token id {bad[0]} is out of range: ids must be in 0..{vocab_size - 1} (V = {vocab_size}).")
+    return ids
+
+
 def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None,
                    seed: int | None = None) -> None:
     """Raise an AndreaError naming the first sampling value out of range."""
@@ -135,13 +146,7 @@ def stream_ids(model, prompt_ids, max_new_tokens: int = 256, temperature: float 
     check_sampling(max_new_tokens, temperature, top_k, top_p, seed)
     if decode not in MODES:
         raise AndreaError(f"decode mode must be one of {', '.join(MODES)}, got {decode!r}.")
-    seq = [int(t) for t in prompt_ids]
-    if not seq:
-        raise AndreaError("the prompt is empty; give at least one token.")
-    V = model.config.vocab_size
-    bad = [t for t in seq if not 0 <= t < V]
-    if bad:
-        raise AndreaError(f"token id {bad[0]} is out of range: ids must be in 0..{V - 1} (V = {V}).")
+    seq = check_prompt_ids(prompt_ids, model.config.vocab_size)
     generator = torch.Generator(device=model.wte.weight.device)
     if seed is None:
         generator.seed()
