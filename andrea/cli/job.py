@@ -10,8 +10,10 @@ def cmd_main(args) -> int:
 
     if args.steps is not None and args.steps < 1:
         raise AndreaError(f"--steps must be at least 1, got {args.steps}.")
+    if args.segments is not None and args.segments < 1:
+        raise AndreaError(f"--segments must be at least 1, got {args.segments}.")
     job = MainJob(preset=args.preset, minutes=args.minutes, steps=args.steps, out=args.out, sampling=args.sampling, seed=args.seed,
-                  recipe=args.recipe)
+                  recipe=args.recipe, segments=args.segments)
     summary = run_main_job(job)
     print()
     print(f"validation bits per byte: {summary['val_bpb']:.4f}  ("
@@ -46,6 +48,8 @@ def register(sub) -> None:
     p.add_argument("--minutes", type=float, default=15.0, help="minutes of training (default 15)")
     p.add_argument("--steps", type=int, help="train for this many steps instead of --minutes (a model that does not "
                    "depend on the machine's speed or load; the v3 schedule then decays over steps)")
+    p.add_argument("--segments", type=int, metavar="N", help="the tokenizer's segments, and so the model's vocabulary "
+                   "(V = N + 257; default: the preset's)")
     p.add_argument("--out", help="the run folder (default runs/main-<date>-<time>)")
     p.add_argument("--sampling", default="ucb", choices=SAMPLING,
                    help="how each step's source is chosen (default: the UCB1 curriculum)")

@@ -41,7 +41,8 @@ def cmd_tokenizer_train(args) -> int:
     print(f"read {len(files)} source(s): {len(texts):,} documents, {size:,} bytes")
     if shares:
         print("weighted by the curriculum's opening weights: " + ", ".join(f"{k} {v:.2f}" for k, v in shares.items()))
-    tok = HarrisTokenizer.train(texts, args.segments, weights=weights, progress=size >= PROGRESS_BYTES)
+    tok = HarrisTokenizer.train(texts, args.segments, weights=weights, progress=size >= PROGRESS_BYTES,
+                                version=args.trainer_version)
     out = tok.save(args.out)
     print(f"requested {args.segments:,} segments -> found {tok.meta['found']:,} candidates, kept {tok.n_segments:,} "
           f"(V = {tok.vocab_size:,}) in {time.time() - start:.1f} s")
@@ -150,6 +151,8 @@ def _add_tokenizer_arg(p) -> None:
 
 
 def register(sub) -> None:
+    from andrea.tokenizer import TRAINER_VERSION, TRAINER_VERSIONS
+
     p = sub.add_parser("tokenizer", help="the Harris tokenizer: train, encode, decode, inspect")
     tsub = p.add_subparsers(dest="tokenizer_command", metavar="ACTION", required=True)
 
@@ -169,6 +172,10 @@ def register(sub) -> None:
                    help="the JSONL field or parquet column that holds the text (default text)")
     t.add_argument("--segments", type=int, default=8192, metavar="N",
                    help="how many segments (default 8,192, V = 8,449; andrea-12m uses 2,048)")
+    t.add_argument("--trainer-version", type=int, choices=TRAINER_VERSIONS, default=TRAINER_VERSION, metavar="V",
+                   help=f"how segments are selected: 4 (default) scores a segment by what its absence really costs, "
+                        f"a one-character segment of several bytes ('—', '’') at its bytes; 3 reproduces earlier "
+                        f"releases, which dropped such segments first")
     t.add_argument("--out", required=True, metavar="DIR", help="the folder to write the tokenizer into")
     t.set_defaults(func=cmd_tokenizer_train)
 
