@@ -32,11 +32,16 @@ MAIN_RECIPE = "v3"
 
 
 # The model and batch the main job trains where it runs: a CPU model on a CPU; on a CUDA GPU the
-# family's andrea-12m at 32 x 1024 in bf16, stopped once validation stops improving (a GPU goes
-# through the 20 MB default corpus in seconds, so the budget in minutes is rarely what ends it).
+# family's andrea-12m body at 32 x 1024 in bf16, stopped once validation stops improving (a GPU goes
+# through the 40 MB default corpus in seconds, so the budget in minutes is rarely what ends it).
+# Both hold MAIN_SEGMENTS segments, the fewest that make the lesson's words single tokens
+# (benchmarks/bench_default_corpus.py, bench_vocab.py): andrea-cpu is sized so; on the GPU the
+# 12m's body gets that vocabulary in place of its own 2,048 segments.
+MAIN_SEGMENTS = 6144
 SHAPES = {
-    "cpu": {"preset": "andrea-cpu", "batch_size": 16, "seq_len": 256, "eval_every": 250, "patience": 0},
-    "cuda": {"preset": "andrea-12m", "batch_size": 32, "seq_len": 1024, "eval_every": 100, "patience": 3},
+    "cpu": {"preset": "andrea-cpu", "segments": None, "batch_size": 16, "seq_len": 256, "eval_every": 250, "patience": 0},
+    "cuda": {"preset": "andrea-12m", "segments": MAIN_SEGMENTS, "batch_size": 32, "seq_len": 1024, "eval_every": 100,
+             "patience": 3},
 }
 
 
@@ -59,13 +64,17 @@ class MainJob:
     def on(cls, device: str = "cpu", **changes) -> "MainJob":
         """A job with the model and batch of SHAPES[device] written out (what benchmarks compare)."""
         s = SHAPES[device]
-        return cls(**{"preset": s["preset"], "batch_size": s["batch_size"], "seq_len": s["seq_len"], **changes})
+        return cls(**{"preset": s["preset"], "segments": s["segments"], "batch_size": s["batch_size"],
+                      "seq_len": s["seq_len"], **changes})
 
     def shape(self, device: str) -> dict:
-        """Preset, batch, length, evaluation interval and patience on `device` ("cpu" or "cuda"):
-        SHAPES[device], with what this job names itself in their place."""
+        """Preset, segments, batch, length, evaluation interval and patience on `device` ("cpu" or
+        "cuda"): SHAPES[device], with what this job names itself in their place. A preset the job
+        names keeps its own vocabulary (segments None) unless the job names segments too."""
         out = dict(SHAPES[device])
-        for key in ("preset", "batch_size", "seq_len"):
+        if self.preset is not None:
+            out["segments"] = None
+        for key in ("preset", "segments", "batch_size", "seq_len"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         return out
@@ -144,12 +153,12 @@ def run_main_job(job: MainJob, log=print) -> dict:
     t0 = time.time()
     shape = job.shape("cuda" if torch.cuda.is_available() else "cpu")
     cfg = get_preset(shape["preset"])
-    if job.segments is not None:
+    if shape["segments"] is not None:
         from dataclasses import replace
 
         from andrea.config import N_SPECIAL
 
-        cfg = replace(cfg, vocab_size=job.segments + N_SPECIAL)
+        cfg = replace(cfg, vocab_size=shape["segments"] + N_SPECIAL)
     log("1/4 corpus, 2/4 tokenizer, 3/4 token shards (each cached after its first run)")
     names, tokenizer, tok_dir, data_dir = main_job_data(cfg.n_segments, log)
     out = Path(job.out) if job.out else Path("runs") / time.strftime("main-%Y%m%d-%H%M%S")
@@ -198,7 +207,8 @@ def run_main_job(job: MainJob, log=print) -> dict:
     return summary
 
 
-PROMPTS = ["The people of the United States", "And it came to pass", "Call me"]
+# One prompt per kind of text the default corpus holds: a chat, a story, a speech.
+PROMPTS = ["I have a cat and a dog", "On Tuesday morning she", "The people of the United States"]
 
 
 def repeated_ngram_share(text: str, n: int = 4) -> float:

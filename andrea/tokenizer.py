@@ -50,9 +50,9 @@ Training, in full (HarrisTokenizer.train):
        went first, and `train(..., version=3)` still selects so).
     Frequent whole words (" the", " government") survive because word starts and ends are
     boundaries; rarer words are spelled from the pieces between successor-variety peaks
-    (" hope" + "less" + "ness", " re" + "ap" + "po" + "int" + "ment" with the main job's 2,048
-    segments). The longest-match rule does not look at boundaries, so a word can still split
-    off them (" pre" + "ord" + "ain" + "ed").
+    (" hope" + "less" + "ness", " re" + "ap" + "po" + "int" + "ment" with 2,048 segments on
+    the earlier default corpus). The longest-match rule does not look at boundaries, so a word
+    can still split off them (" pre" + "ord" + "ain" + "ed").
 """
 
 from __future__ import annotations

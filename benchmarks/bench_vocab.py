@@ -1,17 +1,21 @@
-"""The main job's vocabulary at equal wall time: segment counts side by side on the default corpus.
+"""The main job's vocabulary at equal wall time: segment counts (and seeds) side by side on the default corpus.
 
-For every segment count (`--segments`), the main job is run as `andrea main --segments N` runs it
-(the default corpus, its tokenizer fitted with an equal share per source, andrea-cpu's body at
-d 256 with V = N + 257, recipe v3, the same seed) for the same `--minutes` of training, one after
-the other, so each count gets the same wall time on the same machine. Printed per count: the
+For every segment count (`--segments`) and seed (`--seeds`), the main job is run as `andrea main
+--segments N --seed S` runs it (the default corpus, its tokenizer fitted with an equal share per
+source, andrea-cpu's body at d 256 with V = N + 257, recipe v3) for the same `--minutes` of
+training, one after the other, so each run gets the same wall time on the same machine. Printed per count: the
 model's parameters, the steps and tokens per second it reached, validation bits per byte (all
 sources and each; bits per byte do not depend on the vocabulary), the share of SimLex-999's and
 WordSim-353's words that are single tokens in their word-initial form, the lesson's words that
 are, and the word-similarity scores of the centred input table (all pairs; n and null spread in
-the JSON) with the lesson's cos(␣cat, ␣dog) − cos(␣cat, ␣Tuesday) against 3/√d.
+the JSON) with the lesson's cos(␣cat, ␣dog) − cos(␣cat, ␣Tuesday) against 3/√d; beside them the
+same scores of the count-based reference on the same training tokens (PPMI of ±2-token
+co-occurrences, SVD to d, centred; `andrea.wordsim.ppmi_vectors`), once per segment count. With
+several seeds, a row of means ± standard deviations follows each count's runs.
 
     .venv/bin/python benchmarks/bench_vocab.py                               # 4096 6144 8192, 6 min each
     .venv/bin/python benchmarks/bench_vocab.py --segments 6144 8192 --minutes 3 --out runs/vocab
+    .venv/bin/python benchmarks/bench_vocab.py --segments 6144 --seeds 1337 1338 1339 --minutes 15   # the main job, 3 seeds
 """
 
 from __future__ import annotations
@@ -19,11 +23,19 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 import time
 from pathlib import Path
 
 from common import load_average, machine_line, md_table, say
+
+
+def table_scores(table: dict) -> dict:
+    """ρ on both sets (all pairs) and the lesson's gap, of one centred table's report."""
+    gap = table["lesson"]["cat·dog"]["cos"] - table["lesson"]["cat·Tuesday"]["cos"]
+    return {"simlex": table["simlex999"]["all"], "wordsim": table["wordsim353"]["all"], "gap": gap,
+            "lesson": table["lesson"]}
 
 
 def scores(checkpoint: str) -> dict:
@@ -35,32 +47,68 @@ def scores(checkpoint: str) -> dict:
     sets = load_wordsets()
     index = word_index(tok, model.config.vocab_size, sets)
     report = similarity(model_tables(model), index, sets, analogies=False)
-    inp = report.tables["input"]["centred"]
-    gap = inp["lesson"]["cat·dog"]["cos"] - inp["lesson"]["cat·Tuesday"]["cos"]
     return {"coverage": report.coverage, "lesson_single": [w for w in LESSON_WORDS if index.single(w)],
-            "simlex": inp["simlex999"]["all"], "wordsim": inp["wordsim353"]["all"], "gap": gap,
-            "band": 3 / math.sqrt(report.d), "lesson": inp["lesson"]}
+            "band": 3 / math.sqrt(report.d), **table_scores(report.tables["input"]["centred"])}
 
 
-def run_one(n: int, args, out: Path) -> dict:
+def ppmi_scores(checkpoint: str, data: str) -> dict:
+    """The PPMI reference's centred scores on the run's training tokens."""
+    from andrea.checkpoint import load_model
+    from andrea.data import TokenData
+    from andrea.wordsim import load_wordsets, ppmi_vectors, similarity, train_token_chunks, word_index
+
+    model, tok, _ = load_model(checkpoint)
+    sets = load_wordsets()
+    v, d = model.config.vocab_size, model.config.n_embd
+    vectors = ppmi_vectors(train_token_chunks(TokenData(data)), v, d)
+    report = similarity({"ppmi": vectors}, word_index(tok, v, sets), sets, analogies=False)
+    return table_scores(report.tables["ppmi"]["centred"])
+
+
+def run_one(n: int, seed: int, args, out: Path) -> dict:
     from dataclasses import replace
 
     from andrea.config import N_SPECIAL, count_params, get_preset
     from andrea.pipeline import MainJob, run_main_job
 
-    done = out / f"segments-{n}" / "bench_vocab.json"
+    folder = out / f"segments-{n}-seed-{seed}"
+    done = folder / "bench_vocab.json"
     if done.exists():
-        say(f"{n:,} segments: reusing {done}")
+        say(f"{n:,} segments, seed {seed}: reusing {done}")
         return json.loads(done.read_text())
-    job = MainJob.on("cpu", minutes=args.minutes, seed=args.seed, segments=n, out=out / f"segments-{n}", samples=1)
+    job = MainJob.on("cpu", minutes=args.minutes, seed=seed, segments=n, out=folder, samples=args.samples)
     load = load_average()
     summary = run_main_job(job, log=say)
     params = count_params(replace(get_preset(job.preset), vocab_size=n + N_SPECIAL))
-    r = {"segments": n, "params": params, "load": load, **{k: summary[k] for k in (
-        "steps", "tokens_per_s", "val_bpb", "val_bpb_by_source", "best_val_bpb", "train_seconds", "best_checkpoint")},
-        **scores(summary["best_checkpoint"])}
+    r = {"segments": n, "seed": seed, "params": params, "load": load, **{k: summary[k] for k in (
+        "steps", "tokens_per_s", "val_bpb", "val_bpb_by_source", "best_val_bpb", "train_seconds", "best_checkpoint",
+        "data")}, **scores(summary["best_checkpoint"])}
     done.write_text(json.dumps(r, indent=2) + "\n")
     return r
+
+
+def row(r: dict) -> list:
+    share = {k: f"{c['single_token_words'] / c['words']:.0%}" for k, c in r["coverage"].items()}
+    by = ", ".join(f"{k} {v:.3f}" for k, v in r["val_bpb_by_source"].items())
+    return [f"{r['segments']:,}", f"{r['segments'] + 257:,}", str(r["seed"]), f"{r['params']:,}", f"{r['steps']:,}",
+            f"{r['tokens_per_s']:,.0f}", f"{r['val_bpb']:.4f}", by, share["simlex999"], share["wordsim353"],
+            " ".join(r["lesson_single"]) or "-", f"{r['simlex']['rho']:+.3f}", f"{r['wordsim']['rho']:+.3f}",
+            f"{r['gap']:+.3f}", r["load"]]
+
+
+def mean_row(runs: list[dict]) -> list:
+    """Means ± standard deviations over one count's seeds."""
+    def ms(values, fmt):
+        values = list(values)
+        sd = statistics.stdev(values) if len(values) > 1 else 0.0
+        return f"{format(statistics.mean(values), fmt)} ± {format(sd, fmt.lstrip('+'))}"
+
+    sources = runs[0]["val_bpb_by_source"]
+    by = ", ".join(f"{k} {ms((r['val_bpb_by_source'][k] for r in runs), '.3f')}" for k in sources)
+    return [f"{runs[0]['segments']:,}", "", f"mean of {len(runs)}", "", ms((r["steps"] for r in runs), ",.0f"),
+            ms((r["tokens_per_s"] for r in runs), ",.0f"), ms((r["val_bpb"] for r in runs), ".4f"), by, "", "", "",
+            ms((r["simlex"]["rho"] for r in runs), "+.3f"), ms((r["wordsim"]["rho"] for r in runs), "+.3f"),
+            ms((r["gap"] for r in runs), "+.3f"), ""]
 
 
 def main(argv=None) -> int:
@@ -68,36 +116,43 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--segments", nargs="+", type=int, default=[4096, 6144, 8192], help="segment counts (default 4096 6144 8192)")
+    ap.add_argument("--seeds", nargs="+", type=int, default=[1337], help="seeds (default 1337, the main job's)")
     ap.add_argument("--minutes", type=float, default=6.0, help="minutes of training each (default 6)")
-    ap.add_argument("--seed", type=int, default=1337, help="seed (default 1337)")
+    ap.add_argument("--samples", type=int, default=1, help="samples each run prints in its summary (default 1)")
     ap.add_argument("--out", type=Path, default=Path("runs/bench-vocab"), help="the runs' folder (default runs/bench-vocab); "
-                    "a count whose run finished there is reused")
+                    "a run that finished there is reused")
     args = ap.parse_args(argv)
     t0 = time.time()
     try:
-        results = [run_one(n, args, args.out) for n in args.segments]
+        results = {n: [run_one(n, seed, args, args.out) for seed in args.seeds] for n in args.segments}
+        say("the PPMI reference on each count's training tokens")
+        ppmi = {n: ppmi_scores(runs[0]["best_checkpoint"], runs[0]["data"]) for n, runs in results.items()}
     except AndreaError as e:
         print(f"bench_vocab: {e}", file=sys.stderr)
         return 2
     rows = []
-    for r in results:
-        cov = r["coverage"]
-        share = {k: f"{c['single_token_words'] / c['words']:.0%}" for k, c in cov.items()}
-        by = ", ".join(f"{k} {v:.3f}" for k, v in r["val_bpb_by_source"].items())
-        rows.append([f"{r['segments']:,}", f"{r['segments'] + 257:,}", f"{r['params']:,}", f"{r['steps']:,}",
-                     f"{r['tokens_per_s']:,.0f}", f"{r['val_bpb']:.4f}", by, share["simlex999"], share["wordsim353"],
-                     " ".join(r["lesson_single"]) or "-", f"{r['simlex']['rho']:+.3f}", f"{r['wordsim']['rho']:+.3f}",
-                     f"{r['gap']:+.3f} (3/√d {r['band']:.3f})", r["load"]])
+    for n, runs in results.items():
+        rows += [row(r) for r in runs]
+        if len(runs) > 1:
+            rows.append(mean_row(runs))
+        p = ppmi[n]
+        rows.append([f"{n:,}", "", "PPMI", "", "", "", "", "", "", "", "", f"{p['simlex']['rho']:+.3f}",
+                     f"{p['wordsim']['rho']:+.3f}", f"{p['gap']:+.3f}", ""])
+    first = next(iter(results.values()))[0]
     print("## The main job's vocabulary at equal wall time (`bench_vocab.py`)\n")
     print(machine_line() + "\n")
-    print(f"`andrea main --segments N --minutes {args.minutes:g} --seed {args.seed}` for each N, one after the other "
-          f"({(time.time() - t0) / 60:.0f} min in all, this call); andrea-cpu's body (d 256, 4 layers, 8 heads), "
-          f"V = N + 257. Validation: bits per byte on every source's held-out windows. Single: the share of the "
-          f"set's words that are one token in their word-initial form. ρ: Spearman, all pairs, centred input table. "
-          f"Lesson gap: cos(␣cat, ␣dog) − cos(␣cat, ␣Tuesday), centred input table.\n")
-    print(md_table(["segments", "V", "parameters", "steps", "tokens/s", "val bpb", "by source", "SimLex single",
+    print(f"`andrea main --segments N --minutes {args.minutes:g} --seed S` for each N and S, one after the other "
+          f"({(time.time() - t0) / 60:.0f} min in all, this call; runs reused from earlier calls count their own time); "
+          f"andrea-cpu's body (d 256, 4 layers, 8 heads), V = N + 257. Validation: bits per byte on every source's "
+          f"held-out windows (the last evaluation). Single: the share of the set's words that are one token in their "
+          f"word-initial form. ρ: Spearman, all pairs (SimLex-999 n {first['simlex']['n']}, null ±"
+          f"{first['simlex']['null']:.3f}; WordSim-353 n {first['wordsim']['n']}, null ±{first['wordsim']['null']:.3f}), "
+          f"centred input table of the best checkpoint. Lesson gap: cos(␣cat, ␣dog) − cos(␣cat, ␣Tuesday), the "
+          f"same table; the target 3/√d is {first['band']:.3f}. PPMI rows: the count-based reference on the same "
+          f"training tokens, centred, d 256.\n")
+    print(md_table(["segments", "V", "seed", "parameters", "steps", "tokens/s", "val bpb", "by source", "SimLex single",
                     "WordSim single", "lesson words single", "SimLex ρ", "WordSim ρ", "lesson gap", "load at start"],
-                   rows, right={0, 1, 2, 3, 4, 5, 10, 11}))
+                   rows, right={0, 1, 3, 4, 5, 6, 11, 12, 13}))
     return 0
 
 

@@ -149,8 +149,8 @@ def show_growth(driver, url: str, shoot) -> str:
     return result
 
 
-def show_each_view(driver, url: str, out_dir: Path | None = None, words=("king", "cat", "dog"),
-                   prompt: str = "And God said, Let there be light: and there was light.", views=VIEWS) -> dict[str, str]:
+def show_each_view(driver, url: str, out_dir: Path | None = None, words=("cat", "dog", "pet"),
+                   prompt: str = "I have a cat and a dog. On Tuesday we took them to the park.", views=VIEWS) -> dict[str, str]:
     """Use every view in `views` once as a user would; with out_dir, save a screenshot of each.
     The state each view ended in (ready or error)."""
     from selenium.webdriver.common.by import By

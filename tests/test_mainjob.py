@@ -20,7 +20,7 @@ def test_main_job_runs_end_to_end(tmp_path, capsys):
     assert code == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] >= 1 and 0 < summary["val_bpb"] < 10
-    assert set(summary["val_bpb_by_source"]) >= {"sotu", "shakespeare", "kjv"}
+    assert set(summary["val_bpb_by_source"]) >= {"chitchat", "brown", "sotu"}
     assert f"validation bits per byte: {summary['val_bpb']:.4f}" in printed
     assert "checkpoint:" in printed and (out / "latest.safetensors").exists()
     assert len(summary["samples"]) == 3
@@ -65,3 +65,12 @@ def test_the_main_job_shape_follows_the_device_unless_named():
     named = MainJob(preset="andrea-tiny", seq_len=64).shape("cuda")
     assert (named["preset"], named["seq_len"], named["batch_size"]) == ("andrea-tiny", 64, 32)
     assert MainJob.on("cpu").shape("cuda")["preset"] == "andrea-cpu"
+    # the vocabulary: andrea-cpu's own on a CPU; on CUDA the 12m's body with the main job's segments,
+    # unless a preset is named (its own vocabulary) or segments are
+    from andrea.config import get_preset
+    from andrea.pipeline import MAIN_SEGMENTS
+
+    assert get_preset("andrea-cpu").n_segments == MAIN_SEGMENTS and MainJob().shape("cpu")["segments"] is None
+    assert MainJob().shape("cuda")["segments"] == MAIN_SEGMENTS
+    assert MainJob(preset="andrea-12m").shape("cuda")["segments"] is None
+    assert MainJob(preset="andrea-tiny", segments=512).shape("cpu")["segments"] == 512

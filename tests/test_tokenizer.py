@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import andrea.tokenizer as harris
 from andrea.cli import main
-from andrea.corpus import corpus_dir
+from andrea.corpus import DEFAULT_SOURCE_NAMES, corpus_dir
 from andrea.errors import AndreaError
 from andrea.samples import load_training_texts
 from andrea.tokenizer import BOS, WORD_RE, HarrisTokenizer, SuccessorVariety
@@ -690,7 +690,7 @@ def test_cli_error_in_a_subprocess(tok_dir):
 
 # ---------------------------------------------------------------- real English (the default corpus)
 
-SOURCES = ["sotu", "shakespeare", "kjv", "moby-dick"]
+SOURCES = list(DEFAULT_SOURCE_NAMES)
 MORPHEMES = ["un", "re", "pre", "ing", "able", "ly", "tion", "ed", "ness", "ment", "er", "est"]
 needs_corpus = pytest.mark.skipif(not all((corpus_dir() / s / "meta.json").exists() for s in SOURCES),
                                   reason="the default corpus is not fetched (run `andrea data fetch`)")
@@ -700,7 +700,7 @@ needs_corpus = pytest.mark.skipif(not all((corpus_dir() / s / "meta.json").exist
 def english():
     from andrea.samples import load_documents
 
-    train = [d for s in SOURCES for d in load_documents(s, "train")][::8]  # every 8th document: about 2.5 MB
+    train = [d for s in SOURCES for d in load_documents(s, "train")][::16]  # every 16th document: about 2.4 MB
     val = [d for s in SOURCES for d in load_documents(s, "val")]
     return train, val, HarrisTokenizer.train(train, 8192)
 

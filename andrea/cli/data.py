@@ -101,13 +101,15 @@ def register(sub) -> None:
                         description="Fetch every default source (or each SOURCE named) with its registry's client "
                                     "(npm, pip, apt-get download), check its SHA-256 and cache its documents under "
                                     "~/.cache/andrea/corpus (or $ANDREA_CACHE). Cached sources are not fetched again. "
-                                    "`andrea data list` names the sources: the default corpus, the extended set "
+                                    "`andrea data list` names the sources: the default corpus (everyday English: "
+                                    "chitchat, brown, big-txt, austen; and the State of the Union addresses, sotu; "
+                                    "about 40 MB), the literary set (--literary: shakespeare, kjv, moby-dick, which "
+                                    "with sotu were the default corpus of earlier releases), the extended set "
                                     "(--extended: five more public-domain English Bible translations, asv, web, ylt, "
-                                    "darby, webster; about 21 MB), the everyday set (--everyday: chitchat, brown, "
-                                    "big-txt, austen: conversation, the Brown Corpus, four novels and histories, "
-                                    "Jane Austen; about 29 MB), other genres (gcide, sqlite-doc, sqlite-source, "
-                                    "factbook) and `wordsets`, the word-similarity sets the similarity scores use "
-                                    "(SimLex-999, WordSim-353 and the Google analogies, from gensim 4.4.0's wheel).")
+                                    "darby, webster; about 21 MB), other genres (gcide, sqlite-doc, sqlite-source, "
+                                    "factbook, python-doc) and `wordsets`, the word-similarity sets the similarity "
+                                    "scores use (SimLex-999, WordSim-353 and the Google analogies, from gensim "
+                                    "4.4.0's wheel).")
     f.add_argument("sources", nargs="*", metavar="SOURCE", help="sources to fetch (default: the default corpus)")
     f.add_argument("--extended", action="store_true", help="with the default corpus, also fetch the extended sources")
     f.add_argument("--everyday", action="store_true", help="with the default corpus, also fetch the everyday sources "
