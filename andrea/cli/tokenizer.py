@@ -164,7 +164,7 @@ def register(sub) -> None:
                    "curriculum opens (uniform, or the warm-up sources, within floors and caps)")
     t.add_argument("files", nargs="*", metavar="FILE",
                    help="a source: a .txt, .jsonl or .parquet file (.gz and .zst compressed too), a folder of them, "
-                        "or a fetched source (sotu, shakespeare, kjv, moby-dick)")
+                        "or a fetched source by name (`andrea data list` names them: chitchat, brown, big-txt, austen, sotu, ...)")
     t.add_argument("--sample-bytes", type=_byte_count, default=DEFAULT_SAMPLE_BYTES, metavar="N",
                    help="fit on at most about N bytes of training text over all sources, an equal part each, drawn "
                         "evenly and deterministically across each source's files (default 200M; K, M, G suffixes)")
@@ -173,9 +173,9 @@ def register(sub) -> None:
     t.add_argument("--segments", type=int, default=8192, metavar="N",
                    help="how many segments (default 8,192, V = 8,449; the main job uses 6,144, andrea-12m 2,048)")
     t.add_argument("--trainer-version", type=int, choices=TRAINER_VERSIONS, default=TRAINER_VERSION, metavar="V",
-                   help=f"how segments are selected: 4 (default) scores a segment by what its absence really costs, "
-                        f"a one-character segment of several bytes ('—', '’') at its bytes; 3 reproduces earlier "
-                        f"releases, which dropped such segments first")
+                   help="how segments are selected: 4 (default) scores a segment by what its absence really costs, "
+                        "a one-character segment of several bytes ('—', '’') at its bytes; 3 reproduces earlier "
+                        "releases, which dropped such segments first")
     t.add_argument("--out", required=True, metavar="DIR", help="the folder to write the tokenizer into")
     t.set_defaults(func=cmd_tokenizer_train)
 

@@ -78,7 +78,7 @@ def register(sub) -> None:
     p.add_argument("--tokenizer", required=True, help="a tokenizer folder (from `andrea tokenizer train`)")
     p.add_argument("--out", required=True, help="the data folder to write")
     p.add_argument("sources", nargs="+", metavar="SOURCE",
-                   help="a fetched source name (sotu, shakespeare, kjv, moby-dick), a .txt, .jsonl or .parquet file "
+                   help="a fetched source name (chitchat, brown, big-txt, austen, sotu, ...), a .txt, .jsonl or .parquet file "
                         "(.txt and .jsonl also .gz or .zst compressed), or a folder of them (read recursively, in "
                         "sorted order); NAME=PATH names the source (default: the file or folder name)")
     p.add_argument("--text-field", default="text", metavar="NAME",
