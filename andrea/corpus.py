@@ -169,31 +169,29 @@ class _HtmlText(html.parser.HTMLParser):
         return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip()
 
 
-def read_sqlite_doc(blob: bytes) -> list[str]:
-    """SQLite's documentation, one HTML page per document, as text."""
+def _html_pages(blob: bytes, pattern: str) -> list[str]:
+    """The text of every HTML page of a .deb whose member name matches `pattern`, one document
+    each (pages of 200 characters or less, such as redirects, left out)."""
     docs = []
     for name, b in _deb_members(blob):
-        if re.fullmatch(r"\./usr/share/doc/sqlite3/[^/]+\.html", name):
+        if re.fullmatch(pattern, name):
             parser = _HtmlText()
             parser.feed(b.decode("utf-8", errors="replace"))
             text = parser.text()
             if len(text) > 200:
                 docs.append(text)
     return docs
+
+
+def read_sqlite_doc(blob: bytes) -> list[str]:
+    """SQLite's documentation, one HTML page per document, as text."""
+    return _html_pages(blob, r"\./usr/share/doc/sqlite3/[^/]+\.html")
 
 
 def read_python_doc(blob: bytes) -> list[str]:
     """Python's HTML manual, one page per document, as text (the generated index pages left out).
     Sphinx sets its prose in typographic quotes and dashes: ’ “ ” — – ¶, several bytes each."""
-    docs = []
-    for name, b in _deb_members(blob):
-        if re.fullmatch(r"\./usr/share/doc/python3\.11/html/(?!genindex)[\w/.-]+\.html", name):
-            parser = _HtmlText()
-            parser.feed(b.decode("utf-8", errors="replace"))
-            text = parser.text()
-            if len(text) > 200:
-                docs.append(text)
-    return docs
+    return _html_pages(blob, r"\./usr/share/doc/python3\.11/html/(?!genindex)[\w/.-]+\.html")
 
 
 def read_sqlite_source(blob: bytes) -> list[str]:

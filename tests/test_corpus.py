@@ -112,6 +112,14 @@ def test_debian_package_readers(tmp_path):
     blob = deb("sqlite3-doc", {"usr/share/doc/sqlite3/lang_createtable.html": page.encode(),
                                "usr/share/doc/sqlite3/tiny.html": b"<p>short</p>"})
     assert corpus.read_sqlite_doc(blob) == ["CREATE TABLE\n\n" + ("A table holds rows. " * 20).strip()]
+    # Python's manual: each page as text, typographic characters kept, the generated index left out
+    prose = "A list\u2019s items \u2014 any objects \u2014 are \u201cmutable\u201d. " * 10
+    html = "usr/share/doc/python3.11/html/"
+    blob = deb("python3.11-doc", {html + "tutorial/datastructures.html": f"<h1>Data</h1><p>{prose}</p>".encode(),
+                                  html + "genindex-A.html": ("<p>" + "index entry " * 40 + "</p>").encode(),
+                                  html + "tiny.html": b"<p>short</p>", "usr/share/doc/python3.11-doc/copyright": b"PSF"})
+    assert corpus.read_python_doc(blob) == ["Data\n\n" + prose.strip()]
+    assert corpus.GENRE_SOURCES["python-doc"].package == "python3.11-doc=3.11.2-6+deb12u8"
 
 
 def test_genre_sources_are_pinned_and_kept_apart_from_the_default_corpus():
@@ -388,28 +396,6 @@ def test_literary_sources_outside_the_default_name_their_fetch(monkeypatch, tmp_
     with pytest.raises(AndreaError, match="sotu is not fetched yet; run `andrea data fetch` first"):
         corpus.resolve_source("sotu")
 
-
-def test_python_doc_reader(tmp_path):
-    """Python's manual: each HTML page as text, typographic characters kept, the index pages left out."""
-    prose = "A list\u2019s items \u2014 any objects \u2014 are \u201cmutable\u201d. " * 10
-    pages = {"usr/share/doc/python3.11/html/tutorial/datastructures.html": f"<h1>Data</h1><p>{prose}</p>",
-             "usr/share/doc/python3.11/html/genindex-A.html": "<p>" + "index entry " * 40 + "</p>",
-             "usr/share/doc/python3.11/html/tiny.html": "<p>short</p>",
-             "usr/share/doc/python3.11-doc/copyright": "PSF"}
-    root = tmp_path / "root"
-    (root / "DEBIAN").mkdir(parents=True)
-    (root / "DEBIAN" / "control").write_text("Package: python3.11-doc\nVersion: 1\nArchitecture: all\n"
-                                             "Maintainer: x <x@example.org>\nDescription: x\n")
-    for path, text in pages.items():
-        (root / path).parent.mkdir(parents=True, exist_ok=True)
-        (root / path).write_text(text, encoding="utf-8")
-    import subprocess
-
-    subprocess.run(["dpkg-deb", "--build", "--root-owner-group", str(root), str(tmp_path / "p.deb")],
-                   check=True, capture_output=True)
-    docs = corpus.read_python_doc((tmp_path / "p.deb").read_bytes())
-    assert docs == ["Data\n\n" + prose.strip()]
-    assert corpus.GENRE_SOURCES["python-doc"].package == "python3.11-doc=3.11.2-6+deb12u8"
 
 
 def test_data_list_names_each_source_once_with_its_set(monkeypatch, tmp_path, capsys):
