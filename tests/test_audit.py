@@ -66,14 +66,14 @@ def test_prose_scores_above_60(name):
     assert coherence_score(PROSE[name], lexicon=build_lexicon(PROSE.values()))[0] > 60
 
 
-@pytest.mark.parametrize("source", ["sotu", "moby-dick"])
+@pytest.mark.parametrize("source", ["sotu", "moby-dick", "austen", "big-txt"])
 def test_corpus_prose_scores_above_60(source):
     from andrea.samples import load_documents
 
     try:
         docs = load_documents(source, "val")
     except AndreaError:
-        pytest.skip(f"the {source} corpus source is not fetched (`andrea data fetch`)")
+        pytest.skip(f"the {source} corpus source is not fetched (`andrea data fetch {source}`)")
     lexicon = build_lexicon(load_documents(source, "train"))
     # sample-sized windows of 250 words, as long as an audit's ~420 generated tokens
     windows = [" ".join(d.split()[i:i + 250]) for d in docs for i in range(0, len(d.split()) - 250, 250)]

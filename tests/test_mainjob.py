@@ -74,13 +74,17 @@ def test_the_main_job_shape_follows_the_device_unless_named():
     assert MainJob().shape("cuda")["segments"] == MAIN_SEGMENTS
     assert MainJob(preset="andrea-12m").shape("cuda")["segments"] is None
     assert MainJob(preset="andrea-tiny", segments=512).shape("cpu")["segments"] == 512
+    assert MainJob.on("cuda").segments == MAIN_SEGMENTS and MainJob.on("cuda", preset="andrea-tiny").segments is None
 
 
-@pytest.mark.parametrize("flag, value", [("--segments", "0"), ("--steps", "0")])
-def test_main_job_refuses_a_budget_or_vocabulary_below_one(flag, value, tmp_path, capsys):
+@pytest.mark.parametrize("flag, value, why", [
+    ("--segments", "0", "at least 1 and at most 65,279 (token shards hold ids below 65,536)"),
+    ("--segments", "65280", "at least 1 and at most 65,279 (token shards hold ids below 65,536)"),
+    ("--steps", "0", "at least 1")])
+def test_main_job_refuses_a_budget_or_vocabulary_out_of_range(flag, value, why, tmp_path, capsys):
     assert main(["main", flag, value, "--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
-    assert err == f"andrea: error: {flag} must be at least 1, got {value}.\n"
+    assert err == f"andrea: error: {flag} must be {why}, got {value}.\n"
     assert not (tmp_path / "run").exists()
 
 

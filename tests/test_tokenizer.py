@@ -806,7 +806,10 @@ def test_tokenizer_files_without_a_version_load_and_encode_as_before(tmp_path):
     meta["settings"] = {"min_count": 2}  # what releases before version 4 wrote
     (tmp_path / "tokenizer.json").write_text(json.dumps(meta))
     old = HarrisTokenizer.load(tmp_path)
+    assert old.meta["settings"] == {"min_count": 2}  # nothing invented: such a file says no version
     assert old.segments == tok.segments and old.fingerprint() == tok.fingerprint()
+    old.save(tmp_path / "again")  # and saving it again keeps what it said
+    assert json.loads((tmp_path / "again" / "tokenizer.json").read_text())["settings"] == {"min_count": 2}
     assert [old.encode(d) for d in docs[:5]] == [tok.encode(d) for d in docs[:5]]
 
 

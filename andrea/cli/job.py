@@ -3,6 +3,8 @@ it never shadows `andrea.cli.main`, the entry point)."""
 
 from __future__ import annotations
 
+MAX_SEGMENTS = 65536 - 257  # ids 0..65,535 fit the uint16 token shards
+
 
 def cmd_main(args) -> int:
     from andrea.errors import AndreaError
@@ -10,8 +12,9 @@ def cmd_main(args) -> int:
 
     if args.steps is not None and args.steps < 1:
         raise AndreaError(f"--steps must be at least 1, got {args.steps}.")
-    if args.segments is not None and args.segments < 1:
-        raise AndreaError(f"--segments must be at least 1, got {args.segments}.")
+    if args.segments is not None and not 1 <= args.segments <= MAX_SEGMENTS:
+        raise AndreaError(f"--segments must be at least 1 and at most {MAX_SEGMENTS:,} (token shards hold ids below "
+                          f"65,536), got {args.segments}.")
     job = MainJob(preset=args.preset, minutes=args.minutes, steps=args.steps, out=args.out, sampling=args.sampling, seed=args.seed,
                   recipe=args.recipe, segments=args.segments)
     summary = run_main_job(job)
@@ -43,13 +46,14 @@ def register(sub) -> None:
                                    "with an equal share per source (cached), tokenize it into shards (cached), train a "
                                    "CPU-sized model with the UCB1 curriculum for a bounded time, then print validation "
                                    "bits per byte, a few samples and where the checkpoint is.")
-    p.add_argument("--preset", help="model preset (default: andrea-cpu at 16 x 256 on a CPU; andrea-12m at 32 x 1024, "
-                   "stopped when validation stops improving, on a CUDA GPU)")
+    p.add_argument("--preset", help="model preset, with its own vocabulary (default: andrea-cpu at 16 x 256 on a CPU; "
+                   "on a CUDA GPU andrea-12m's body with the main job's 6,144 segments, V 6,401, at 32 x 1024, "
+                   "stopped when validation stops improving)")
     p.add_argument("--minutes", type=float, default=15.0, help="minutes of training (default 15)")
     p.add_argument("--steps", type=int, help="train for this many steps instead of --minutes (a model that does not "
                    "depend on the machine's speed or load; the v3 schedule then decays over steps)")
     p.add_argument("--segments", type=int, metavar="N", help="the tokenizer's segments, and so the model's vocabulary "
-                   "(V = N + 257; default: the preset's)")
+                   "(V = N + 257; default: the preset's, and 6,144 on a CUDA GPU without --preset)")
     p.add_argument("--out", help="the run folder (default runs/main-<date>-<time>)")
     p.add_argument("--sampling", default="ucb", choices=SAMPLING,
                    help="how each step's source is chosen (default: the UCB1 curriculum)")
