@@ -609,9 +609,6 @@ def resolve_source(spec: str | Path) -> Path:
                           f"fetch {spec}`) first.")
     if str(spec) in EXTENDED_SOURCES:
         raise AndreaError(f"source {spec} is not fetched yet; run `andrea data fetch --extended` first.")
-    if str(spec) in EVERYDAY_SOURCES:
-        raise AndreaError(f"source {spec} is not fetched yet; run `andrea data fetch --everyday` (or `andrea data "
-                          f"fetch {spec}`) first.")
     if str(spec) in GENRE_SOURCES:
         raise AndreaError(f"source {spec} is not fetched yet; run `andrea data fetch {spec}` first.")
     raise AndreaError(f"source {spec} is neither a file, a folder nor a fetched source ({', '.join(SOURCES)}; "

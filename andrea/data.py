@@ -100,11 +100,13 @@ def open_shard(path: Path) -> np.memmap:
 
 # ---------------------------------------------------------------- preparing shards
 
+MAX_VOCAB = 65536  # token ids are uint16 in the shards
+
 
 def encode_documents(tokenizer, docs: list[str]) -> np.ndarray:
     """All documents, each as [BOS] tokens..., concatenated into one uint16 array."""
-    if tokenizer.vocab_size > 65536:
-        raise AndreaError(f"the tokenizer has V = {tokenizer.vocab_size}; uint16 shards hold at most 65,536.")
+    if tokenizer.vocab_size > MAX_VOCAB:
+        raise AndreaError(f"the tokenizer has V = {tokenizer.vocab_size}; uint16 shards hold at most {MAX_VOCAB:,}.")
     pieces = tokenizer.encode_batch(docs, bos=True)
     if not pieces:
         return np.zeros(0, dtype=np.uint16)
@@ -294,8 +296,8 @@ def prepare(tokenizer, sources: list[str], out_dir, log=print, progress: bool = 
         raise AndreaError(f"shard_tokens must be a whole number of tokens from {MIN_SHARD_TOKENS:,} to "
                           f"{MAX_SHARD_TOKENS:,} (a file per few tokens would make millions of files), "
                           f"not {str(shard_tokens)[:40]}.")
-    if tokenizer.vocab_size > 65536:
-        raise AndreaError(f"the tokenizer has V = {tokenizer.vocab_size}; uint16 shards hold at most 65,536.")
+    if tokenizer.vocab_size > MAX_VOCAB:
+        raise AndreaError(f"the tokenizer has V = {tokenizer.vocab_size}; uint16 shards hold at most {MAX_VOCAB:,}.")
     specs = [resolve(s) for s in sources]
     seen = {}
     for spec, given in zip(specs, sources):

@@ -17,9 +17,6 @@ from andrea.config import get_preset
 from andrea.corpus import cache_root, fetch_default_corpus
 from andrea.errors import AndreaError
 
-TOKENIZER_VERSION = 4  # part of the tokenizer cache key: bump when training changes (andrea.tokenizer.TRAINER_VERSION)
-
-
 # The optimizer settings the main job may run with, per recipe (benchmarks/bench_recipes.py runs
 # each of them at equal wall time). v3's lr 6e-3 beat 3e-3 side by side, and v3 beat v2 on both
 # seeds tried, in short runs on the 2-core machine (BENCHMARKS.md, "Recipes at equal wall time").
@@ -95,10 +92,10 @@ def prepared_tokenizer(n_segments: int, names: list[str], log=print):
     share each), not on a raw file head, so a large source cannot dominate the segment alphabet.
     """
     from andrea.samples import load_training_texts
-    from andrea.tokenizer import WORD_PATTERN, HarrisTokenizer
+    from andrea.tokenizer import TRAINER_VERSION, WORD_PATTERN, HarrisTokenizer
 
     names = sorted(names)
-    key = hashlib.sha256(f"{n_segments}|{'+'.join(names)}|{WORD_PATTERN}|{TOKENIZER_VERSION}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{n_segments}|{'+'.join(names)}|{WORD_PATTERN}|{TRAINER_VERSION}".encode()).hexdigest()[:16]
     folder = cache_root() / "tokenizers" / f"harris-{n_segments}-{key}"
     if (folder / "harris_segments.json").exists():
         return HarrisTokenizer.load(folder), folder
@@ -155,11 +152,9 @@ def run_main_job(job: MainJob, log=print) -> dict:
     shape = job.shape("cuda" if torch.cuda.is_available() else "cpu")
     cfg = get_preset(shape["preset"])
     if shape["segments"] is not None:
-        from dataclasses import replace
-
         from andrea.config import N_SPECIAL
 
-        cfg = replace(cfg, vocab_size=shape["segments"] + N_SPECIAL)
+        cfg = cfg.replace(vocab_size=shape["segments"] + N_SPECIAL)
     log("1/4 corpus, 2/4 tokenizer, 3/4 token shards (each cached after its first run)")
     names, tokenizer, tok_dir, data_dir = main_job_data(cfg.n_segments, log)
     out = Path(job.out) if job.out else Path("runs") / time.strftime("main-%Y%m%d-%H%M%S")

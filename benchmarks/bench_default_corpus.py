@@ -28,8 +28,10 @@ import time
 
 from common import machine_line, md_table, say
 
-EVERYDAY = ["chitchat", "brown", "big-txt", "austen"]
-LITERARY = ["sotu", "shakespeare", "kjv", "moby-dick"]
+from andrea.corpus import EVERYDAY_SOURCES, LITERARY_SOURCES
+
+EVERYDAY = list(EVERYDAY_SOURCES)
+LITERARY = list(LITERARY_SOURCES)
 MIXES = ["+".join(EVERYDAY), *("+".join(EVERYDAY + [s]) for s in LITERARY), "+".join(EVERYDAY + ["sotu", "moby-dick"]),
          "+".join(LITERARY)]
 
@@ -43,16 +45,15 @@ def held_out_bpt(tok, names: list[str]) -> float:
     return n_bytes / max(1, sum(map(len, tok.encode_batch(docs, bos=False))))
 
 
-def ppmi_scores(tok, names: list[str], dim: int, sets) -> dict:
+def ppmi_scores(tok, index, names: list[str], dim: int, sets) -> dict:
     """ρ of the PPMI reference on the mix's training tokens (each document after a BOS)."""
     import numpy as np
 
     from andrea.samples import load_documents
-    from andrea.wordsim import PAIR_SETS, ppmi_vectors, similarity, word_index
+    from andrea.wordsim import PAIR_SETS, ppmi_vectors, similarity
 
     ids = [np.asarray(t, dtype=np.int64) for n in names for t in tok.encode_batch(load_documents(n, "train"))]
     vectors = ppmi_vectors([np.concatenate(ids)], tok.vocab_size, dim)
-    index = word_index(tok, tok.vocab_size, sets)
     report = similarity({"ppmi": vectors}, index, sets, analogies=False)
     raw = report.tables["ppmi"]["raw"]
     return {name: raw[name]["all"] for name in PAIR_SETS} | {"tokens": int(sum(len(i) for i in ids))}
@@ -74,7 +75,7 @@ def measure(names: list[str], n_segments: int, dim: int, sets) -> list:
     lesson = [w for w in LESSON_WORDS if index.single(w)]
     everyday = [n for n in names if n in EVERYDAY]
     literary = [n for n in names if n not in EVERYDAY]
-    scores = ppmi_scores(tok, names, dim, sets)
+    scores = ppmi_scores(tok, index, names, dim, sets)
     share = {k: f"{c['single_token_words'] / c['words']:.0%} ({c['single_token_words']}/{c['words']})"
              for k, c in counts.items()}
     return ["+".join(names), f"{n_segments:,}", share["simlex999"], share["wordsim353"],
@@ -85,7 +86,7 @@ def measure(names: list[str], n_segments: int, dim: int, sets) -> list:
 
 
 def main(argv=None) -> int:
-    from andrea.corpus import EVERYDAY_SOURCES, LITERARY_SOURCES, fetch_source
+    from andrea.corpus import fetch_source
     from andrea.errors import AndreaError
     from andrea.wordsim import LESSON_WORDS, load_wordsets
 

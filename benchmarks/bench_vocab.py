@@ -66,8 +66,6 @@ def ppmi_scores(checkpoint: str, data: str) -> dict:
 
 
 def run_one(n: int, seed: int, args, out: Path) -> dict:
-    from dataclasses import replace
-
     from andrea.config import N_SPECIAL, count_params, get_preset
     from andrea.pipeline import MainJob, run_main_job
 
@@ -79,7 +77,7 @@ def run_one(n: int, seed: int, args, out: Path) -> dict:
     job = MainJob.on("cpu", minutes=args.minutes, seed=seed, segments=n, out=folder, samples=args.samples)
     load = load_average()
     summary = run_main_job(job, log=say)
-    params = count_params(replace(get_preset(job.preset), vocab_size=n + N_SPECIAL))
+    params = count_params(get_preset(job.preset).replace(vocab_size=n + N_SPECIAL))
     r = {"segments": n, "seed": seed, "params": params, "load": load, **{k: summary[k] for k in (
         "steps", "tokens_per_s", "val_bpb", "val_bpb_by_source", "best_val_bpb", "train_seconds", "best_checkpoint",
         "data")}, **scores(summary["best_checkpoint"])}

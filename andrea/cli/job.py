@@ -3,18 +3,18 @@ it never shadows `andrea.cli.main`, the entry point)."""
 
 from __future__ import annotations
 
-MAX_SEGMENTS = 65536 - 257  # ids 0..65,535 fit the uint16 token shards
-
 
 def cmd_main(args) -> int:
+    from andrea.config import N_SPECIAL
+    from andrea.data import MAX_VOCAB
     from andrea.errors import AndreaError
     from andrea.pipeline import MainJob, run_main_job
 
     if args.steps is not None and args.steps < 1:
         raise AndreaError(f"--steps must be at least 1, got {args.steps}.")
-    if args.segments is not None and not 1 <= args.segments <= MAX_SEGMENTS:
-        raise AndreaError(f"--segments must be at least 1 and at most {MAX_SEGMENTS:,} (token shards hold ids below "
-                          f"65,536), got {args.segments}.")
+    if args.segments is not None and not 1 <= args.segments <= MAX_VOCAB - N_SPECIAL:
+        raise AndreaError(f"--segments must be at least 1 and at most {MAX_VOCAB - N_SPECIAL:,} (token shards hold ids "
+                          f"below {MAX_VOCAB:,}), got {args.segments}.")
     job = MainJob(preset=args.preset, minutes=args.minutes, steps=args.steps, out=args.out, sampling=args.sampling, seed=args.seed,
                   recipe=args.recipe, segments=args.segments)
     summary = run_main_job(job)
