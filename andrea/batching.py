@@ -17,7 +17,7 @@ Batch invariance. The tokens of a sequence do not depend on what else is in the 
   `andrea.generate` runs them, so its tokens are token for token those of `andrea generate --greedy`;
 - the sampled sequences' rows are multiplied together, in one product of at least `MIN_ROWS` rows
   (padded with zero rows): BLAS picks one kernel for every product of that many rows or more,
-  and a row's result does not depend on the others (tests/test_serve.py checks it on the machine
+  and a row's result does not depend on the others (tests/test_web_api.py checks it on the machine
   it runs on). A seeded request therefore gives the same text alone or in a crowd; it need not
   give `andrea generate --seed`'s, whose products are of one row.
 
@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from andrea.config import BOS
-from andrea.decode import CPULayouts, attention_kernels
+from andrea.decode_plan import CPULayouts, attention_kernels
 from andrea.errors import AndreaError
 from andrea.generate import check_prompt_ids, check_sampling, sample_next, window_keep
 from andrea.model import KVCache

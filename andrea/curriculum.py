@@ -448,7 +448,7 @@ def plot_curriculum(history: list[dict], path) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from andrea.lab import plain_text
+    from andrea.embed import plain_text
 
     names = list(history[0]["weights"])
     for h in history:

@@ -1,4 +1,4 @@
-"""The embedding tables over a run: what the snapshots of `andrea.growth` show, as plain data.
+"""The embedding tables over a run: what the snapshots of `andrea.snapshots` show, as plain data.
 
 Every function takes a `Timeline` (a run folder's snapshots and its tokenizer) and returns numbers
 and lists; `andrea embed timeline` prints them and the lab's Growth view draws them.
@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from andrea.errors import AndreaError
-from andrea.growth import FOLDER, TABLES, read_snapshot, snapshot_path, snapshot_steps
+from andrea.snapshots import FOLDER, TABLES, read_snapshot, snapshot_path, snapshot_steps
 from andrea.wordsim import PAIR_SETS, WordIndex, spearman, word_index
 
 WHY_UNSEEN = {

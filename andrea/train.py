@@ -20,7 +20,7 @@ A run folder holds:
   loss.png             the loss curves, redrawn at every evaluation
   curriculum.png       pulls, rewards and weights per source over time (with a curriculum)
   embeddings/          snapshots of the embedding tables at steps 0, 1, 2, 4, … and at every
-                       evaluation (`andrea.growth`); with the word-similarity sets fetched, every
+                       evaluation (`andrea.snapshots`); with the word-similarity sets fetched, every
                        evaluation also writes their scores to metrics.jsonl (`andrea.wordsim`)
   train.json           the settings of the run
   .lock                held by the running process: a second run in the same folder is refused
@@ -464,7 +464,7 @@ class Run:
         return halt
 
     def observe(self, evaluation: bool) -> None:
-        """An embedding snapshot, when one is due at this step (see `andrea.growth`)."""
+        """An embedding snapshot, when one is due at this step (see `andrea.snapshots`)."""
         if self.growth is None:
             return
         try:
@@ -494,7 +494,7 @@ class Run:
             if self.cfg.snapshots and self.fsdp and self.master:
                 self.log("note: embedding snapshots are not taken under --fsdp (the tables are sharded).")
             return None, None
-        from andrea.growth import Growth, choose_rows
+        from andrea.snapshots import Growth, choose_rows
         from andrea.wordsim import try_load_wordsets, word_index
 
         V, d = self.model_cfg.vocab_size, self.model_cfg.n_embd
@@ -837,7 +837,7 @@ def plot_losses(metrics_path: Path, png_path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from andrea.lab import plain_text
+    from andrea.embed import plain_text
 
     steps, loss, smma, ev = loss_curves(read_metrics(metrics_path))
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)

@@ -345,7 +345,7 @@ def similarity(tables: dict[str, np.ndarray], index: WordIndex, sets: WordSets |
 
 def model_tables(model) -> dict[str, np.ndarray]:
     """The input table (wte) and the untied head (lm_head) as float32 numpy arrays."""
-    from andrea.lab import table
+    from andrea.embed import table
 
     return {"input": table(model, "input"), "output": table(model, "output")}
 

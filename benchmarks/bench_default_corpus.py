@@ -2,7 +2,7 @@
 
 For every mix of sources (`--mixes`, each a '+'-joined list of fetched source names) and every
 segment count (`--segments`), the main job's tokenizer is fitted as `andrea main` fits it (every
-source an equal share, `andrea.pipeline.prepared_tokenizer`, cached) and measured on what the
+source an equal share, `andrea.mainjob.prepared_tokenizer`, cached) and measured on what the
 lesson and the word-similarity scores need, without training a model:
 
   coverage   the share of SimLex-999's and WordSim-353's words (and pairs) that are one token in
@@ -38,7 +38,7 @@ MIXES = ["+".join(EVERYDAY), *("+".join(EVERYDAY + [s]) for s in LITERARY), "+".
 
 def held_out_bpt(tok, names: list[str]) -> float:
     """Bytes per token over the held-out documents of `names` together."""
-    from andrea.samples import load_documents
+    from andrea.tokenizer_sample import load_documents
 
     docs = [d for n in names for d in load_documents(n, "val")]
     n_bytes = sum(len(d.encode("utf-8")) for d in docs)
@@ -49,7 +49,7 @@ def ppmi_scores(tok, index, names: list[str], dim: int, sets) -> dict:
     """ρ of the PPMI reference on the mix's training tokens (each document after a BOS)."""
     import numpy as np
 
-    from andrea.samples import load_documents
+    from andrea.tokenizer_sample import load_documents
     from andrea.wordsim import PAIR_SETS, ppmi_vectors, similarity
 
     ids = [np.asarray(t, dtype=np.int64) for n in names for t in tok.encode_batch(load_documents(n, "train"))]
@@ -64,7 +64,7 @@ def rho(s: dict) -> str:
 
 
 def measure(names: list[str], n_segments: int, dim: int, sets) -> list:
-    from andrea.pipeline import prepared_tokenizer
+    from andrea.mainjob import prepared_tokenizer
     from andrea.wordsim import LESSON_WORDS, word_index
 
     t = time.perf_counter()

@@ -65,7 +65,7 @@ def peer_tokens_per_s(text: str) -> dict[str, tuple[str, float]]:
 def main(argv=None) -> int:
     from andrea.config import PRESETS
     from andrea.errors import AndreaError
-    from andrea.pipeline import MainJob, run_main_job
+    from andrea.mainjob import MainJob, run_main_job
 
     job = MainJob.on("cpu")
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -49,7 +49,7 @@ def make_corpus(folder: Path, gigabytes: float, log) -> tuple[int, int]:
     import pyarrow.parquet as pq
     import zstandard
 
-    from andrea.samples import load_documents
+    from andrea.tokenizer_sample import load_documents
 
     settings = {"gigabytes": gigabytes, "formats": FORMATS, "file_bytes": FILE_BYTES, "version": 1}
     done = folder / "corpus.json"
@@ -150,9 +150,9 @@ def main(argv=None) -> int:
 
     from andrea.corpus import cache_root
     from andrea.errors import AndreaError
-    from andrea.samples import load_documents
     from andrea.sources import read_documents
     from andrea.tokenizer import HarrisTokenizer
+    from andrea.tokenizer_sample import load_documents
 
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     machine = machine_line()

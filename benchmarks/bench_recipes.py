@@ -13,7 +13,7 @@ length and tokenizer (the main job's), fp32 on `--threads` threads:
 
 The runs go seed by seed, recipe after recipe (v1, v2, v3 for seed 1, then for seed 2, ...), so
 recipes compared with each other ran side by side under the same load. Each recipe uses its
-settings of `andrea.pipeline.RECIPE_SETTINGS`, what the main job would run with.
+settings of `andrea.mainjob.RECIPE_SETTINGS`, what the main job would run with.
 
     .venv/bin/python benchmarks/bench_recipes.py                          # the full protocol: ~2.4 h
     .venv/bin/python benchmarks/bench_recipes.py --minutes 3 --shakespeare-seconds 180 --seeds 1
@@ -131,8 +131,8 @@ def main(argv=None) -> int:
 
     from andrea.config import PRESETS, count_params
     from andrea.errors import AndreaError
+    from andrea.mainjob import RECIPE_SETTINGS, MainJob
     from andrea.optim import RECIPES
-    from andrea.pipeline import RECIPE_SETTINGS, MainJob
     from andrea.train import train
     from andrea.trainconfig import TrainConfig
 

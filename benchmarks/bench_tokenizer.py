@@ -37,8 +37,8 @@ def main(argv=None) -> int:
 
     from andrea.corpus import DEFAULT_SOURCE_NAMES
     from andrea.errors import AndreaError
-    from andrea.samples import load_documents
     from andrea.tokenizer import HarrisTokenizer
+    from andrea.tokenizer_sample import load_documents
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sources", nargs="+", default=list(DEFAULT_SOURCE_NAMES), help="sources (default: the default corpus)")

@@ -73,15 +73,15 @@ def known_source(name: str):
 
 
 def load_genre(sources: list[str], train_limit: int, val_limit: int):
-    from andrea import corpus, samples
+    from andrea import corpus, tokenizer_sample
 
     train, val = [], []
     for name in sources:
         source = known_source(name)
         corpus.fetch_source(source, log=say)
         share_t, share_v = train_limit // len(sources), val_limit // len(sources)
-        train += spread(samples.load_documents(name, "train"), share_t)
-        val += spread(samples.load_documents(name, "val"), share_v)
+        train += spread(tokenizer_sample.load_documents(name, "train"), share_t)
+        val += spread(tokenizer_sample.load_documents(name, "val"), share_v)
     return train, val
 
 

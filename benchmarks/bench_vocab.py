@@ -67,7 +67,7 @@ def ppmi_scores(checkpoint: str, data: str) -> dict:
 
 def run_one(n: int, seed: int, args, out: Path) -> dict:
     from andrea.config import N_SPECIAL, count_params, get_preset
-    from andrea.pipeline import MainJob, run_main_job
+    from andrea.mainjob import MainJob, run_main_job
 
     folder = out / f"segments-{n}-seed-{seed}"
     done = folder / "bench_vocab.json"

@@ -92,8 +92,8 @@ def say(*args) -> None:
 
 
 def main_job_data(n_segments: int, log=say) -> Path:
-    """The main job's token shards (`andrea.pipeline.main_job_data`; cached after one run)."""
-    from andrea.pipeline import main_job_data as stages
+    """The main job's token shards (`andrea.mainjob.main_job_data`; cached after one run)."""
+    from andrea.mainjob import main_job_data as stages
 
     return stages(n_segments, log)[3]
 

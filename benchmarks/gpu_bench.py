@@ -203,7 +203,7 @@ def cmd_train(args) -> int:
 def cmd_decode(args) -> int:
     from bench_decode import gpt2_peer
 
-    from andrea.decode import DecodePlan
+    from andrea.decode_plan import DecodePlan
     from andrea.generate import generate_ids
 
     device = device_for(args.dry_run)

@@ -224,9 +224,9 @@ def main(argv=None) -> int:
         print(f"lab_screenshots: --views takes names from {', '.join(VIEWS)}; got {args.views!r}.", file=sys.stderr)
         return 2
 
+    from andrea.embed import load_subject
     from andrea.errors import AndreaError
-    from andrea.lab import load_subject
-    from andrea.web.server import LabServer
+    from andrea.web.lab import LabServer
 
     found = find_browser()
     if isinstance(found, str):

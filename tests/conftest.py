@@ -64,7 +64,7 @@ def lab_checkpoint(tmp_path_factory):
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
     """A prepared data folder of two synthetic sources (alpha, beta) and a 40-segment tokenizer,
-    for tiny training runs (tests/test_train.py, tests/test_growth.py)."""
+    for tiny training runs (tests/test_train.py, tests/test_snapshots.py)."""
     from test_train import synthetic_text
 
     from andrea.data import prepare

@@ -16,7 +16,7 @@ import zipfile
 import pytest
 
 import andrea.corpus as corpus
-import andrea.samples as samples
+import andrea.tokenizer_sample as samples
 from andrea.errors import AndreaError
 
 

@@ -23,9 +23,9 @@ import andrea.sources as sources
 from andrea.cli import main
 from andrea.data import PROGRESS_FILE, TokenData, open_shard, prepare
 from andrea.errors import AndreaError
-from andrea.samples import load_training_texts, sample_source
 from andrea.sources import is_validation
 from andrea.tokenizer import BOS, HarrisTokenizer
+from andrea.tokenizer_sample import load_training_texts, sample_source
 
 WORDS = ("the king of old spoke to his people and they went up to the city while the sea rose over "
          "land where ships sailed far away in storms of night and day café naïve").split()

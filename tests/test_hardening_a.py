@@ -293,10 +293,10 @@ def test_the_lab_answers_400_to_bodies_at_python_limits(lab_checkpoint):
     16 KB): 400 with one sentence, never 500."""
     from starlette.testclient import TestClient
 
-    from andrea import lab
-    from andrea.web.server import create_app
+    from andrea import embed
+    from andrea.web.lab import create_app
 
-    with TestClient(create_app(lab.load_subject(lab_checkpoint)), raise_server_exceptions=False) as client:
+    with TestClient(create_app(embed.load_subject(lab_checkpoint)), raise_server_exceptions=False) as client:
         for body in ('{"k": ' + LONG_INT + "}", '{"k": ' + "[" * 8000 + "]" * 8000 + "}",
                      '{"k": ' + "[" * 990 + "]" * 990 + "}"):
             r = client.post("/api/token", content=body, headers={"content-type": "application/json"})

@@ -510,11 +510,11 @@ def raw_get(address: str, port: int, host: str) -> int:
 def test_the_lab_on_any_loopback_address_answers_only_this_machines_names(lab_checkpoint, address):
     """A DNS-rebinding page reaches the lab under its own name (Host: evil.example) on whatever
     loopback address the lab listens on: refused on 127.0.0.2 and ::1 as on 127.0.0.1."""
-    from andrea import lab
-    from andrea.web.server import LabServer
+    from andrea import embed
+    from andrea.web.lab import LabServer
 
     try:
-        server = LabServer(lab.load_subject(lab_checkpoint), address, 0)
+        server = LabServer(embed.load_subject(lab_checkpoint), address, 0)
     except Exception as e:  # a machine without IPv6 loopback
         pytest.skip(f"cannot listen on {address}: {e}")
     server.start()
@@ -548,8 +548,8 @@ def test_tiny_temperatures_and_top_p_are_the_argmax(lab_checkpoint):
 def test_tiny_temperatures_in_generate_the_lab_and_the_engine(lab_checkpoint, tmp_path, capsys):
     from starlette.testclient import TestClient
 
-    from andrea import engine, lab
-    from andrea.web.server import create_app
+    from andrea import embed, stdlib_engine
+    from andrea.web.lab import create_app
 
     common = ["--checkpoint", lab_checkpoint, "--prompt", "the cat", "--max-new-tokens", "12"]
     code, greedy, err = cli(capsys, "generate", *common, "--greedy")
@@ -557,7 +557,7 @@ def test_tiny_temperatures_in_generate_the_lab_and_the_engine(lab_checkpoint, tm
     for extra in (["--temperature", "1e-300"], ["--top-p", "1e-300"]):
         code, out, err = cli(capsys, "generate", *common, *extra, "--seed", "3")
         assert code == 0 and out == greedy, (extra, err)
-    subject = lab.load_subject(lab_checkpoint)
+    subject = embed.load_subject(lab_checkpoint)
     with TestClient(create_app(subject), raise_server_exceptions=False) as client:
         picked = {}
         for name, settings in (("greedy", {"temperature": 0}), ("t", {"temperature": 1e-300}), ("p", {"top_p": 1e-300})):
@@ -568,11 +568,11 @@ def test_tiny_temperatures_in_generate_the_lab_and_the_engine(lab_checkpoint, tm
         assert picked["t"] == picked["greedy"] and picked["p"] == picked["greedy"]
     model_json = tmp_path / "model.json"
     assert cli(capsys, "convert", lab_checkpoint, model_json, "--to", "json")[0] == 0
-    assert engine.main([str(model_json), "--prompt", "the cat", "--temperature", "nan"]) == 2
+    assert stdlib_engine.main([str(model_json), "--prompt", "the cat", "--temperature", "nan"]) == 2
     assert "temperature a finite number" in capsys.readouterr().err
-    assert engine.main([str(model_json), "--prompt", "the cat", "--max-new-tokens", "8", "--greedy"]) == 0
+    assert stdlib_engine.main([str(model_json), "--prompt", "the cat", "--max-new-tokens", "8", "--greedy"]) == 0
     engine_greedy = capsys.readouterr().out
-    assert engine.main([str(model_json), "--prompt", "the cat", "--max-new-tokens", "8", "--temperature", "1e-300"]) == 0
+    assert stdlib_engine.main([str(model_json), "--prompt", "the cat", "--max-new-tokens", "8", "--temperature", "1e-300"]) == 0
     assert capsys.readouterr().out == engine_greedy
 
 

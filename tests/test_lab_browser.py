@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from andrea import lab
+from andrea import embed
 
 _path = Path(__file__).resolve().parent.parent / "scripts" / "lab_screenshots.py"
 _spec = importlib.util.spec_from_file_location("lab_screenshots", _path)
@@ -33,12 +33,12 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def subject(lab_checkpoint):
-    return lab.load_subject(lab_checkpoint)
+    return embed.load_subject(lab_checkpoint)
 
 
 @pytest.fixture(scope="module")
 def url(subject):
-    from andrea.web.server import LabServer
+    from andrea.web.lab import LabServer
 
     server = LabServer(subject, "127.0.0.1", 0)
     yield server.start()
@@ -47,13 +47,13 @@ def url(subject):
 
 @pytest.fixture(scope="module")
 def growth_subject(growth_run):
-    return lab.load_subject(growth_run[0])
+    return embed.load_subject(growth_run[0])
 
 
 @pytest.fixture(scope="module")
 def growth_url(growth_run, growth_subject):
     """A second lab, on a tiny real run with embedding snapshots and the tiny word sets fetched."""
-    from andrea.web.server import LabServer
+    from andrea.web.lab import LabServer
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("ANDREA_CACHE", str(growth_run[1]))
@@ -93,10 +93,10 @@ def test_type_a_word_and_read_its_neighbours(browser, url, subject):
     assert shots.submit(browser, "token", "token-go") == "ready"
     lookup = shots.text_of(browser, "token-lookup")
     assert "␣cat" in lookup and "word-initial" in lookup
-    expected = lab.neighbors(subject.model, subject.tokenizer, "cat", 12, "cos", "input")["neighbors"]
+    expected = embed.neighbors(subject.model, subject.tokenizer, "cat", 12, "cos", "input")["neighbors"]
     items = by_css(browser, "#token-input-list li")
     assert [int(li.get_attribute("data-id")) for li in items] == [n["id"] for n in expected]
-    assert items[0].text.startswith(lab.show_piece(expected[0]["piece"]))
+    assert items[0].text.startswith(embed.show_piece(expected[0]["piece"]))
     # the bare piece, asked for
     by_css(browser, "#token-bare")[0].click()
     assert shots.submit(browser, "token", "token-go") == "ready"
@@ -128,7 +128,7 @@ def test_generate_shows_the_library_tokens_as_they_come(browser, url, subject):
     shots.fill(browser, "gen-max", "12")
     assert shots.submit(browser, "generate", "gen-go") == "ready"
     spans = by_css(browser, "#gen-output .gen-token")
-    steps = list(lab.generate_steps(subject.model, subject.tokenizer, "the cat", max_new_tokens=12, temperature=0.8,
+    steps = list(embed.generate_steps(subject.model, subject.tokenizer, "the cat", max_new_tokens=12, temperature=0.8,
                                     top_k=40, seed=0))
     assert [int(s.get_attribute("data-id")) for s in spans] == [s["id"] for s in steps]
     assert float(spans[0].get_attribute("data-prob")) == pytest.approx(steps[0]["prob"], abs=1e-6)

@@ -28,7 +28,7 @@ def test_main_job_runs_end_to_end(tmp_path, capsys):
     # one greedy and one sampled continuation per prompt, each with its share of repeated 4-grams
     from andrea.checkpoint import load_checkpoint, load_model
     from andrea.generate import TextGenerator
-    from andrea.pipeline import repeated_ngram_share
+    from andrea.mainjob import repeated_ngram_share
 
     best = out / "best.safetensors"
     assert summary["best_checkpoint"] == str(best if best.exists() else out / "latest.safetensors")
@@ -44,7 +44,7 @@ def test_main_job_runs_end_to_end(tmp_path, capsys):
 
 
 def test_repeated_ngram_share_counts_4grams_seen_before():
-    from andrea.pipeline import repeated_ngram_share
+    from andrea.mainjob import repeated_ngram_share
 
     assert repeated_ngram_share("a b c d e f g") == 0.0
     assert repeated_ngram_share("a b c") == 0.0  # no 4-gram at all
@@ -57,7 +57,7 @@ def test_repeated_ngram_share_counts_4grams_seen_before():
 def test_the_main_job_shape_follows_the_device_unless_named():
     """The GPU logic on a CPU: on CUDA the job trains andrea-12m at 32 x 1024 with patience on
     validation; on a CPU the CPU model; a preset or size the user names wins on either."""
-    from andrea.pipeline import SHAPES, MainJob
+    from andrea.mainjob import SHAPES, MainJob
 
     assert MainJob().shape("cuda") == SHAPES["cuda"] and SHAPES["cuda"]["preset"] == "andrea-12m"
     assert (SHAPES["cuda"]["batch_size"], SHAPES["cuda"]["seq_len"]) == (32, 1024) and SHAPES["cuda"]["patience"] > 0
@@ -68,7 +68,7 @@ def test_the_main_job_shape_follows_the_device_unless_named():
     # the vocabulary: andrea-cpu's own on a CPU; on CUDA the 12m's body with the main job's segments,
     # unless a preset is named (its own vocabulary) or segments are
     from andrea.config import get_preset
-    from andrea.pipeline import MAIN_SEGMENTS
+    from andrea.mainjob import MAIN_SEGMENTS
 
     assert get_preset("andrea-cpu").n_segments == MAIN_SEGMENTS and MainJob().shape("cpu")["segments"] is None
     assert MainJob().shape("cuda")["segments"] == MAIN_SEGMENTS
@@ -90,7 +90,7 @@ def test_main_job_refuses_a_budget_or_vocabulary_out_of_range(flag, value, why, 
 
 def test_main_job_segments_set_the_models_vocabulary(monkeypatch, tmp_path):
     """--segments N trains the preset's body with V = N + 257 on a tokenizer of N segments."""
-    import andrea.pipeline as pipeline
+    import andrea.mainjob as pipeline
 
     seen = {}
 

@@ -15,7 +15,7 @@ import zlib
 import pytest
 
 import andrea.corpus as corpus
-import andrea.samples as samples
+import andrea.tokenizer_sample as samples
 from andrea.errors import AndreaError
 from andrea.rdata import read_lazyload, unserialize
 

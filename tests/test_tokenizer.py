@@ -22,8 +22,8 @@ import andrea.tokenizer as harris
 from andrea.cli import main
 from andrea.corpus import DEFAULT_SOURCE_NAMES, corpus_dir
 from andrea.errors import AndreaError
-from andrea.samples import load_training_texts
 from andrea.tokenizer import BOS, WORD_RE, HarrisTokenizer, SuccessorVariety
+from andrea.tokenizer_sample import load_training_texts
 
 STEMS = ["work", "play", "read", "help", "paint", "walk", "talk", "teach", "kind", "mark", "fill", "load",
          "lock", "pack", "print", "view", "turn", "count", "cover", "form"]
@@ -698,7 +698,7 @@ needs_corpus = pytest.mark.skipif(not all((corpus_dir() / s / "meta.json").exist
 
 @pytest.fixture(scope="module")
 def english():
-    from andrea.samples import load_documents
+    from andrea.tokenizer_sample import load_documents
 
     train = [d for s in SOURCES for d in load_documents(s, "train")][::16]  # every 16th document: about 2.4 MB
     val = [d for s in SOURCES for d in load_documents(s, "val")]

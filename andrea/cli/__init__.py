@@ -16,7 +16,7 @@ from andrea.errors import AndreaError
 
 # command modules, in the order their commands appear in --help
 COMMAND_MODULES = [
-    "andrea.cli.job",
+    "andrea.cli.mainjob",
     "andrea.cli.params",
     "andrea.cli.data",
     "andrea.cli.tokenizer",

@@ -27,7 +27,7 @@ def check_positive(value, flag: str) -> None:
 
 
 def _subject(args, meta: bool = False):
-    from andrea.lab import load_subject
+    from andrea.embed import load_subject
 
     check_source(args)
     return load_subject(args.checkpoint, args.preset, args.seed, args.tokenizer, meta=meta)
@@ -44,7 +44,7 @@ def _header(subject, lookups: bool = True) -> None:
 
 
 def _describe(lk: dict) -> str:
-    from andrea.lab import FORM_NOTES, show_piece
+    from andrea.embed import FORM_NOTES, show_piece
 
     form = "" if lk["form"] in ("id", "as typed") else f" ({FORM_NOTES[lk['form']]})"
     if lk["single"]:
@@ -63,7 +63,7 @@ def _notes(*lks: dict) -> None:
 
 
 def cmd_table(args) -> int:
-    from andrea.lab import parameter_groups, plot_parameter_groups
+    from andrea.embed import parameter_groups, plot_parameter_groups
 
     subject = _subject(args, meta=True)
     groups = parameter_groups(subject.model)
@@ -88,7 +88,7 @@ def cmd_table(args) -> int:
 
 
 def cmd_show(args) -> int:
-    from andrea.lab import show_piece, show_tokens
+    from andrea.embed import show_piece, show_tokens
 
     subject = _subject(args)
     rows = show_tokens(subject.model, subject.tokenizer, args.text, args.values)
@@ -112,7 +112,7 @@ def cmd_show(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from andrea.lab import compare
+    from andrea.embed import compare
 
     subject = _subject(args)
     r = compare(subject.model, subject.tokenizer, args.a, args.b, bare=args.bare)
@@ -135,7 +135,7 @@ def cmd_compare(args) -> int:
 
 
 def cmd_neighbors(args) -> int:
-    from andrea.lab import neighbors, show_piece
+    from andrea.embed import neighbors, show_piece
 
     check_positive(args.k, "-k")
     subject = _subject(args)
@@ -159,7 +159,7 @@ def cmd_neighbors(args) -> int:
 
 
 def cmd_positions(args) -> int:
-    from andrea.lab import plot_position_similarity, positions
+    from andrea.embed import plot_position_similarity, positions
 
     subject = _subject(args)
     r = positions(subject.model)
@@ -188,8 +188,8 @@ def cmd_positions(args) -> int:
 
 
 def cmd_map(args) -> int:
+    from andrea.embed import map_points, plot_map
     from andrea.errors import AndreaError
-    from andrea.lab import map_points, plot_map
 
     if args.words and args.top:
         raise AndreaError("give either words or --top N, not both.")
@@ -226,8 +226,8 @@ def cmd_map(args) -> int:
 def cmd_forward(args) -> int:
     import numpy as np
 
+    from andrea.embed import forward_matrix, show_piece
     from andrea.errors import AndreaError
-    from andrea.lab import forward_matrix, show_piece
 
     subject = _subject(args)
     if args.text == "":
@@ -274,7 +274,7 @@ def attention_json(r: dict) -> dict:
 
 
 def cmd_attention(args) -> int:
-    from andrea.lab import attention, show_piece
+    from andrea.embed import attention, show_piece
 
     subject = _subject(args)
     r = attention(subject.model, subject.tokenizer, args.text, bos=not args.no_bos)
@@ -308,7 +308,7 @@ def cmd_attention(args) -> int:
 
 
 def cmd_lens(args) -> int:
-    from andrea.lab import logit_lens, show_piece
+    from andrea.embed import logit_lens, show_piece
 
     check_positive(args.k, "-k")
     subject = _subject(args)
@@ -334,7 +334,7 @@ def cmd_lens(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from andrea.lab import write_projector
+    from andrea.embed import write_projector
 
     subject = _subject(args)
     vectors, meta = write_projector(args.projector, subject.model, subject.tokenizer, args.table)
@@ -354,7 +354,7 @@ def cmd_export(args) -> int:
 def cmd_experiment_positions(args) -> int:
     import sys
 
-    from andrea.experiment import PositionsExperiment, default_data_dir, run_positions_experiment
+    from andrea.experiments.positions import PositionsExperiment, default_data_dir, run_positions_experiment
 
     if args.threads is not None:
         if args.threads < 1:
@@ -381,7 +381,7 @@ def cmd_experiment_positions(args) -> int:
 def cmd_experiment_sparse_updates(args) -> int:
     import sys
 
-    from andrea.sparse_updates import SparseUpdatesExperiment, sparse_updates, write_results
+    from andrea.experiments.sparse_updates import SparseUpdatesExperiment, sparse_updates, write_results
 
     exp = SparseUpdatesExperiment(data_dir=Path(args.data) if args.data else None, steps=args.steps, seed=args.seed)
     summary = sparse_updates(exp, log=lambda msg: print(msg, file=sys.stderr))
@@ -504,7 +504,7 @@ def register(sub) -> None:
     e.add_argument("--projector", required=True, metavar="DIR", help="the folder to write the two files to")
     e.add_argument("--table", choices=["input", "output"], default="input", help="input (default) or output")
     e.set_defaults(func=cmd_export)
-    from andrea.cli.growth import register_embed
+    from andrea.cli.similarity import register_embed
 
     register_embed(esub, common)
 

@@ -6,9 +6,9 @@ from andrea.cli.embed import check_source
 
 
 def cmd_lab(args) -> int:
+    from andrea.embed import load_subject
     from andrea.errors import AndreaError
-    from andrea.lab import load_subject
-    from andrea.web.server import LabServer
+    from andrea.web.lab import LabServer
 
     check_source(args)
     if not 0 <= args.port <= 65535:

@@ -63,7 +63,7 @@ def _serve(args) -> int:
     import torch
 
     from andrea.generate import load
-    from andrea.web.serve import Served, ServeServer, model_id
+    from andrea.web.api import Served, ServeServer, model_id
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)

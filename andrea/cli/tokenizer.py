@@ -9,7 +9,7 @@ import time
 from andrea.errors import AndreaError
 
 PROGRESS_BYTES = 1_000_000  # show progress bars from this much training text on
-DEFAULT_SAMPLE_BYTES = 200_000_000  # andrea.samples.DEFAULT_SAMPLE_BYTES
+DEFAULT_SAMPLE_BYTES = 200_000_000  # andrea.tokenizer_sample.DEFAULT_SAMPLE_BYTES
 
 
 def _byte_count(text: str) -> int:
@@ -23,8 +23,8 @@ def _byte_count(text: str) -> int:
 
 
 def cmd_tokenizer_train(args) -> int:
-    from andrea.samples import load_training_texts
     from andrea.tokenizer import HarrisTokenizer
+    from andrea.tokenizer_sample import load_training_texts
 
     start = time.time()
     files, shares = list(args.files), None

@@ -1,4 +1,4 @@
-"""The portable JSON model: everything the standard-library engine (andrea/engine.py) needs.
+"""The portable JSON model: everything the standard-library engine (andrea/stdlib_engine.py) needs.
 
     {"format": "andrea-json", "version": 1,
      "config": {vocab_size, n_embd, n_head, n_layer, block_size, pos, norm, act},

@@ -2,7 +2,7 @@
 
 `Fields` reads one request body; a field that is unknown, of the wrong type or out of range raises
 `BadRequest` with the one sentence the page shows (status 400 unless it says otherwise). The lab's
-views (`andrea.web.server`, `andrea.web.growth`) take their parameters through it and nothing else.
+views (`andrea.web.lab`, `andrea.web.lab_growth`) take their parameters through it and nothing else.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from test_train import opts, quiet, tiny_config
 from andrea.checkpoint import load_checkpoint, save_checkpoint
 from andrea.cli import main
 from andrea.errors import AndreaError
-from andrea.growth import choose_rows, is_log_step, read_snapshot, snapshot_path, snapshot_steps
+from andrea.snapshots import choose_rows, is_log_step, read_snapshot, snapshot_path, snapshot_steps
 from andrea.timeline import Timeline, aligned_map, neighbours_at, pair_series, rho_series, row_updates
 from andrea.train import train
 

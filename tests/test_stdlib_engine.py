@@ -14,7 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from andrea import engine
+from andrea import stdlib_engine
 from andrea.checkpoint import Checkpoint
 from andrea.config import ModelConfig
 from andrea.formats import write_model
@@ -50,7 +50,7 @@ def to_json(model: ANDREA, path: Path) -> Path:
 @settings(max_examples=200, deadline=None)
 @given(st.text(max_size=40) | st.text(alphabet="ab céq'_1²\u0301 \n\t漢😀\ud800", max_size=40))
 def test_engine_tokenizer_is_harris(text):
-    tok = engine.Tokenizer(SEGMENTS)
+    tok = stdlib_engine.Tokenizer(SEGMENTS)
     ids = tok.encode(text)
     assert ids == TOKENIZER.encode(text)
     assert tok.encode(text, bos=False) == TOKENIZER.encode(text, bos=False)
@@ -59,7 +59,7 @@ def test_engine_tokenizer_is_harris(text):
 
 def test_engine_decodes_bad_bytes_as_harris_does():
     ids = [0xE2, 0x82, 65, 0xFF, 0xED, 0xA0, 0x80]  # a cut-off character, a stray byte, a lone surrogate
-    assert engine.Tokenizer(SEGMENTS).decode(ids) == TOKENIZER.decode(ids)
+    assert stdlib_engine.Tokenizer(SEGMENTS).decode(ids) == TOKENIZER.decode(ids)
 
 
 @pytest.mark.parametrize("changes", [
@@ -71,7 +71,7 @@ def test_engine_decodes_bad_bytes_as_harris_does():
 ])
 def test_engine_logits_match_the_torch_model(tmp_path, changes):
     model = tiny_model(**changes)
-    m = engine.Model.load(to_json(model, tmp_path / "m.json"))
+    m = stdlib_engine.Model.load(to_json(model, tmp_path / "m.json"))
     ids = TOKENIZER.encode("the cat sat on the mat; a dog q 12!")
     with torch.no_grad():
         want = model(torch.tensor([ids]))[0][0]
@@ -85,7 +85,7 @@ def test_engine_logits_match_the_torch_model(tmp_path, changes):
 def test_engine_greedy_tokens_match_generate(tmp_path, block_size, n_new):
     # block_size 12: the window slides several times, as andrea.generate slides it
     model = tiny_model(1, block_size=block_size)
-    m = engine.Model.load(to_json(model, tmp_path / "m.json"))
+    m = stdlib_engine.Model.load(to_json(model, tmp_path / "m.json"))
     prompt = TOKENIZER.encode("the dog and the cat")
     want = generate_ids(model, prompt, n_new, greedy=True, stop_at_bos=False)
     got = m.generate(prompt, n_new, temperature=0, stop_at_bos=False)
@@ -95,18 +95,18 @@ def test_engine_greedy_tokens_match_generate(tmp_path, block_size, n_new):
 def test_engine_sampling_is_seeded_and_follows_the_distribution():
     rng = random.Random(0)
     logits = [0.0, math.log(2), math.log(3), math.log(4)]
-    counts = Counter(engine.sample(logits, 1.0, None, rng) for _ in range(4000))
+    counts = Counter(stdlib_engine.sample(logits, 1.0, None, rng) for _ in range(4000))
     for i, p in enumerate([0.1, 0.2, 0.3, 0.4]):
         assert abs(counts[i] / 4000 - p) < 0.03
-    top2 = Counter(engine.sample(logits, 1.0, 2, rng) for _ in range(2000))
+    top2 = Counter(stdlib_engine.sample(logits, 1.0, 2, rng) for _ in range(2000))
     assert set(top2) == {2, 3} and abs(top2[3] / 2000 - 4 / 7) < 0.04
-    assert engine.sample(logits, 0.0, None, rng) == 3
-    hot = Counter(engine.sample(logits, 100.0, None, rng) for _ in range(4000))
+    assert stdlib_engine.sample(logits, 0.0, None, rng) == 3
+    hot = Counter(stdlib_engine.sample(logits, 100.0, None, rng) for _ in range(4000))
     assert all(abs(hot[i] / 4000 - 0.25) < 0.03 for i in range(4))
 
 
 def test_engine_generation_with_a_seed_repeats(tmp_path):
-    m = engine.Model.load(to_json(tiny_model(2), tmp_path / "m.json"))
+    m = stdlib_engine.Model.load(to_json(tiny_model(2), tmp_path / "m.json"))
     prompt = TOKENIZER.encode("the")
     a = m.generate(prompt, 15, temperature=1.0, top_k=5, seed=3, stop_at_bos=False)
     assert a == m.generate(prompt, 15, temperature=1.0, top_k=5, seed=3, stop_at_bos=False)
@@ -116,10 +116,10 @@ def test_engine_generation_with_a_seed_repeats(tmp_path):
 def test_engine_file_runs_alone_without_torch_or_numpy(tmp_path):
     model = tiny_model(3)
     to_json(model, tmp_path / "m.json")
-    (tmp_path / "engine.py").write_bytes((ROOT / "andrea" / "engine.py").read_bytes())
+    (tmp_path / "stdlib_engine.py").write_bytes((ROOT / "andrea" / "stdlib_engine.py").read_bytes())
     code = ("import sys, runpy\n"
-            "sys.argv = ['engine.py', 'm.json', '--prompt', 'the cat', '--greedy', '--max-new-tokens', '12']\n"
-            "try:\n    runpy.run_path('engine.py', run_name='__main__')\n"
+            "sys.argv = ['stdlib_engine.py', 'm.json', '--prompt', 'the cat', '--greedy', '--max-new-tokens', '12']\n"
+            "try:\n    runpy.run_path('stdlib_engine.py', run_name='__main__')\n"
             "finally:\n    assert 'torch' not in sys.modules and 'numpy' not in sys.modules and 'andrea' not in sys.modules\n")
     out = subprocess.run([sys.executable, "-I", "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -129,7 +129,7 @@ def test_engine_file_runs_alone_without_torch_or_numpy(tmp_path):
 
 def test_engine_module_command_and_its_errors(tmp_path):
     to_json(tiny_model(4), tmp_path / "m.json")
-    ok = subprocess.run([sys.executable, "-m", "andrea.engine", str(tmp_path / "m.json"), "--prompt", "the",
+    ok = subprocess.run([sys.executable, "-m", "andrea.stdlib_engine", str(tmp_path / "m.json"), "--prompt", "the",
                          "--max-new-tokens", "5", "--seed", "1", "--top-k", "3"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0 and ok.stdout.endswith("\n"), ok.stderr
 
@@ -140,12 +140,12 @@ def test_engine_load_errors(tmp_path, content, words):
     path = tmp_path / "m.json"
     if content is not None:
         path.write_text(content)
-    with pytest.raises(engine.EngineError, match=words):
-        engine.Model.load(path)
+    with pytest.raises(stdlib_engine.EngineError, match=words):
+        stdlib_engine.Model.load(path)
 
 
 def test_engine_main_reports_one_sentence(tmp_path, capsys):
     (tmp_path / "bad.json").write_text("[1, 2")
-    assert engine.main([str(tmp_path / "bad.json"), "--prompt", "x"]) == 2
+    assert stdlib_engine.main([str(tmp_path / "bad.json"), "--prompt", "x"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("engine: error: ") and err.count("\n") == 1 and "Traceback" not in err

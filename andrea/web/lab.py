@@ -3,7 +3,7 @@
 The page (static/index.html, lab.js, lab.css) and plotly's JavaScript bundle, taken from the
 installed plotly package, are read once at start-up and served from memory under fixed names, so
 no request names a file and the page needs no internet access. Every view is fed by a JSON
-endpoint under /api/ that calls the same `andrea.lab` functions the `andrea embed` commands print:
+endpoint under /api/ that calls the same `andrea.embed` functions the `andrea embed` commands print:
 
     GET  /api/info         the model, its config, the presets, the limits below
     POST /api/params       {"preset": null | NAME}                      where the parameters live
@@ -15,7 +15,7 @@ endpoint under /api/ that calls the same `andrea.lab` functions the `andrea embe
     POST /api/lens         {"prompt", "k", "bos"}                        the logit lens
     POST /api/generate     {"prompt", "max_new_tokens", "temperature", "top_k", "top_p", "seed"}
                            a stream of JSON lines, one per token, then {"done": ...}
-    /api/growth...         the Growth view: the run's embedding snapshots (see `andrea.web.growth`)
+    /api/growth...         the Growth view: the run's embedding snapshots (see `andrea.web.lab_growth`)
 
 Bad input (a body that is not a JSON object, an unknown field, a value of the wrong type or out of
 range, an oversized prompt, a word the library refuses) gets status 400 and {"error": sentence};
@@ -36,13 +36,13 @@ from pathlib import Path
 
 import numpy as np
 
-from andrea import lab
+from andrea import embed
 from andrea.config import PRESETS
 from andrea.errors import AndreaError
 from andrea.files import parse_json
-from andrea.web import growth
-from andrea.web.fields import MAX_K, MAX_WORD_CHARS, BadRequest, Fields, rounded
-from andrea.web.growth import LESSON_PAIRS, GrowthViews
+from andrea.web import lab_growth
+from andrea.web.common import MAX_K, MAX_WORD_CHARS, BadRequest, Fields, rounded
+from andrea.web.lab_growth import LESSON_PAIRS, GrowthViews
 
 MAX_BODY = 16_384  # bytes of a request body
 MAX_PROMPT_CHARS = 2_000
@@ -61,14 +61,14 @@ MAX_HEATMAP = 256  # position rows drawn; longer tables are sampled evenly
 class LabViews:
     """What each endpoint computes, given the parsed body: plain dicts, ready for JSON."""
 
-    def __init__(self, subject: lab.Subject):
+    def __init__(self, subject: embed.Subject):
         self.subject = subject
         self.model, self.tok = subject.model, subject.tokenizer
         self.cfg = subject.model.config
 
     def info(self, f: Fields) -> dict:
         cfg = self.cfg
-        whole = lab.whole_word_mask(self.tok, cfg.vocab_size)
+        whole = embed.whole_word_mask(self.tok, cfg.vocab_size)
         # the most used whole words (segments are numbered most used first), for the word box's list
         suggestions = [self.tok.id_to_piece(int(i))[1:] for i in np.flatnonzero(whole)[:400]]
         return {"model": self.subject.name, "config": cfg.to_dict(), "params": self.model.num_params(),
@@ -81,43 +81,43 @@ class LabViews:
     def params(self, f: Fields) -> dict:
         preset = f.body.get("preset")
         if preset is None:
-            groups, name = lab.parameter_groups(self.model), self.subject.name
+            groups, name = embed.parameter_groups(self.model), self.subject.name
         else:
             preset = f.choice("preset", None, list(PRESETS))
-            groups, name = lab.preset_parameter_groups(preset), preset
+            groups, name = embed.preset_parameter_groups(preset), preset
         return {"name": name, "rows": [{"name": g.name, "shape": g.shape, "count": g.count, "share": g.share, "part": g.part}
                                        for g in groups]}
 
     def token(self, f: Fields) -> dict:
         word = f.text("word", MAX_WORD_CHARS)
         bare, whole = f.flag("bare"), f.flag("whole_words")
-        metric = f.choice("metric", "cos", lab.METRICS)
+        metric = f.choice("metric", "cos", embed.METRICS)
         k = f.integer("k", 10, 1, MAX_K)
         out = {}
-        for which in lab.TABLES:
-            out[which] = lab.neighbors(self.model, self.tok, word, k, metric, which, bare, whole)
+        for which in embed.TABLES:
+            out[which] = embed.neighbors(self.model, self.tok, word, k, metric, which, bare, whole)
         return {"word": out["input"]["word"], "metric": metric, "whole_words": whole,
-                "norms": {w: out[w]["norm"] for w in lab.TABLES},
-                "neighbors": {w: out[w]["neighbors"] for w in lab.TABLES}}
+                "norms": {w: out[w]["norm"] for w in embed.TABLES},
+                "neighbors": {w: out[w]["neighbors"] for w in embed.TABLES}}
 
     def compare(self, f: Fields) -> dict:
         a, b = f.text("a", MAX_WORD_CHARS), f.text("b", MAX_WORD_CHARS)
-        return lab.compare(self.model, self.tok, a, b, f.flag("bare"))
+        return embed.compare(self.model, self.tok, a, b, f.flag("bare"))
 
     def map(self, f: Fields) -> dict:
-        method = f.choice("method", "pca", lab.MAP_METHODS)
-        which = f.choice("table", "input", lab.TABLES)
+        method = f.choice("method", "pca", embed.MAP_METHODS)
+        which = f.choice("table", "input", embed.TABLES)
         bare = f.flag("bare")
         if f.body.get("words") is not None:
             words = f.words("words", 2, MAX_WORDS)
             if "top" in f.body:
                 raise BadRequest("give either words or top, not both.")
-            return lab.map_points(self.model, self.tok, words, None, which, bare, method)
+            return embed.map_points(self.model, self.tok, words, None, which, bare, method)
         top = f.integer("top", 200, 2, MAX_TSNE if method == "tsne" else MAX_TOP)
-        return lab.map_points(self.model, self.tok, None, top, which, bare, method)
+        return embed.map_points(self.model, self.tok, None, top, which, bare, method)
 
     def positions(self, f: Fields) -> dict:
-        r = lab.positions(self.model)
+        r = embed.positions(self.model)
         out = {"scheme": r["scheme"], "note": r["note"], "table": r["table"]}
         if r["table"] is not None:
             sim = r["similarity"]
@@ -125,7 +125,7 @@ class LabViews:
             at = np.arange(0, len(sim), step)
             out.update(positions=r["positions"], norm_mean=r["norm_mean"], similarity_at=r["similarity_at"],
                        heatmap_positions=at.tolist(), heatmap=rounded(sim[np.ix_(at, at)], 4),
-                       by_distance=rounded(lab.similarity_by_distance(sim), 6))
+                       by_distance=rounded(embed.similarity_by_distance(sim), 6))
         return out
 
     def _prompt(self, f: Fields, limit_tokens: int) -> tuple[str, bool]:
@@ -138,14 +138,14 @@ class LabViews:
 
     def attention(self, f: Fields) -> dict:
         prompt, bos = self._prompt(f, MAX_ATTENTION_TOKENS)
-        r = lab.attention(self.model, self.tok, prompt, bos)
+        r = embed.attention(self.model, self.tok, prompt, bos)
         return {"ids": r["ids"], "pieces": r["pieces"], "layers": r["layers"], "heads": r["heads"],
                 "patterns": rounded(r["patterns"], 4)}
 
     def lens(self, f: Fields) -> dict:
         k = f.integer("k", 5, 1, 20)
         prompt, bos = self._prompt(f, MAX_LENS_TOKENS)
-        return lab.logit_lens(self.model, self.tok, prompt, k, bos)
+        return embed.logit_lens(self.model, self.tok, prompt, k, bos)
 
     def generate(self, f: Fields):
         prompt = f.text("prompt", MAX_PROMPT_CHARS)
@@ -157,7 +157,7 @@ class LabViews:
             seed=f.integer("seed", None, 0, 2**63 - 1, optional=True),
             alternatives=f.integer("alternatives", 5, 1, 20),
         )
-        return lab.generate_steps(self.model, self.tok, prompt, **settings)
+        return embed.generate_steps(self.model, self.tok, prompt, **settings)
 
 
 FIELDS = {
@@ -308,11 +308,11 @@ def _api_routes(views: LabViews, growth_views: GrowthViews) -> list:
     for name in ("params", "token", "compare", "map", "attention", "lens"):
         routes.append(route(f"/api/{name}", name, "POST", views, FIELDS))
     routes.append(route("/api/generate", "generate", "POST", views, FIELDS, stream=True))
-    routes += [route(path, name, method, growth_views, growth.FIELDS) for path, name, method in growth.ROUTES]
+    routes += [route(path, name, method, growth_views, lab_growth.FIELDS) for path, name, method in lab_growth.ROUTES]
     return routes
 
 
-def create_app(subject: lab.Subject, allowed_hosts=None):
+def create_app(subject: embed.Subject, allowed_hosts=None):
     """The Starlette app for one loaded model. allowed_hosts, when given, refuses requests whose
     Host header is not in it (the CLI passes the loopback names when serving on loopback). The
     Growth view reads the snapshots of the run the subject's checkpoint belongs to, if any."""
@@ -387,7 +387,7 @@ class LabServer:
     """A uvicorn server for the lab on one socket, run in the foreground (`serve_forever`) or in a
     background thread (`start`, `stop`: the tests and the screenshot script)."""
 
-    def __init__(self, subject: lab.Subject, host: str = "127.0.0.1", port: int = 8000):
+    def __init__(self, subject: embed.Subject, host: str = "127.0.0.1", port: int = 8000):
         import uvicorn
 
         self.sock = bind(host, port)

@@ -71,7 +71,7 @@ def test_slots_are_joined_left_and_reused():
         dec.join([])
 
 
-# one thread and two: with two, the decode plan splits every matrix in two blocks (andrea.decode);
+# one thread and two: with two, the decode plan splits every matrix in two blocks (andrea.decode_plan);
 # two threads on a tiny model are slow where other work shares the cores, so that case is smaller
 @pytest.mark.parametrize("pos,n_threads,n", [("learned", 1, 9), ("rope", 1, 9),
                                              pytest.param("learned", 2, 4, marks=pytest.mark.slow)])
@@ -434,7 +434,7 @@ def test_serve_command_errors(lab_checkpoint, capsys):
 @pytest.mark.parametrize("host", ["127.0.0.2", "::1", "localhost"])
 def test_every_loopback_address_answers_only_loopback_hosts(lab_checkpoint, host):
     """A page elsewhere that points a DNS name at a loopback address is refused on any of them."""
-    from andrea.web.serve import Served, ServeServer
+    from andrea.web.api import Served, ServeServer
 
     g = load_generator(lab_checkpoint)
     try:
@@ -502,7 +502,7 @@ def test_sigterm_while_loading_ends_at_once_with_exit_0(lab_checkpoint):
 def test_no_request_opens_a_file(lab_checkpoint, monkeypatch):
     import builtins
 
-    from andrea.web.serve import Served, ServeServer
+    from andrea.web.api import Served, ServeServer
 
     g = load_generator(lab_checkpoint)
     server = ServeServer(Served(g.model, g.tokenizer, "lab"), "127.0.0.1", 0, max_batch=2)
@@ -533,7 +533,7 @@ def test_no_request_opens_a_file(lab_checkpoint, monkeypatch):
 
 
 def test_a_reply_never_sends_a_stop_string_nor_loses_what_it_held_back(lab_checkpoint):
-    from andrea.web.serve import Reply
+    from andrea.web.api import Reply
 
     tok = load_generator(lab_checkpoint).tokenizer
     ids = tok.encode("the cat sat on a mat", bos=False)

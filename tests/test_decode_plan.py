@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 from test_generate import tiny_model as generate_model
 
-import andrea.decode as decode
+import andrea.decode_plan as decode
 from andrea.config import POSITION_SCHEMES, ModelConfig
-from andrea.decode import CPULayouts, DecodePlan, StackedQKV
+from andrea.decode_plan import CPULayouts, DecodePlan, StackedQKV
 from andrea.errors import AndreaError
 from andrea.generate import BOS, generate_ids
 from andrea.model import ANDREA, KVCache, chunked_cross_entropy

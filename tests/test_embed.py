@@ -14,9 +14,7 @@ import torch
 from andrea.checkpoint import save_checkpoint
 from andrea.cli import main
 from andrea.config import ModelConfig, get_preset
-from andrea.errors import AndreaError
-from andrea.generate import generate_ids
-from andrea.lab import (
+from andrea.embed import (
     ByteTokenizer,
     attention,
     attention_pattern,
@@ -45,6 +43,8 @@ from andrea.lab import (
     vector_stats,
     write_projector,
 )
+from andrea.errors import AndreaError
+from andrea.generate import generate_ids
 from andrea.model import ANDREA
 from andrea.positions import sinusoidal_table
 from andrea.tokenizer import HarrisTokenizer

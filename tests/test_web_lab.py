@@ -18,17 +18,17 @@ import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
-from andrea import lab
+from andrea import embed
 from andrea.cli import main
-from andrea.web import server as web
-from andrea.web.server import LabServer, create_app
+from andrea.web import lab as web
+from andrea.web.lab import LabServer, create_app
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
 def subject(lab_checkpoint):
-    return lab.load_subject(lab_checkpoint)
+    return embed.load_subject(lab_checkpoint)
 
 
 @pytest.fixture(scope="module")
@@ -66,19 +66,19 @@ def test_endpoints_return_what_the_library_returns(client, subject):
     m, tok = subject.model, subject.tokenizer
     code, r = post(client, "/api/token", {"word": "cat", "k": 5, "metric": "dot", "whole_words": True})
     assert code == 200
-    for which in lab.TABLES:
-        assert r["neighbors"][which] == lab.neighbors(m, tok, "cat", 5, "dot", which, whole_words=True)["neighbors"]
+    for which in embed.TABLES:
+        assert r["neighbors"][which] == embed.neighbors(m, tok, "cat", 5, "dot", which, whole_words=True)["neighbors"]
     assert r["word"]["form"] == "word-initial" and r["word"]["text"] == " cat"
     code, r = post(client, "/api/compare", {"a": "cat", "b": "dog"})
-    assert code == 200 and r == json.loads(json.dumps(lab.compare(m, tok, "cat", "dog")))
+    assert code == 200 and r == json.loads(json.dumps(embed.compare(m, tok, "cat", "dog")))
     code, r = post(client, "/api/lens", {"prompt": "the cat sat", "k": 3})
-    assert code == 200 and r == json.loads(json.dumps(lab.logit_lens(m, tok, "the cat sat", 3)))
+    assert code == 200 and r == json.loads(json.dumps(embed.logit_lens(m, tok, "the cat sat", 3)))
     code, r = post(client, "/api/attention", {"prompt": "the cat sat"})
-    expected = lab.attention(m, tok, "the cat sat")
+    expected = embed.attention(m, tok, "the cat sat")
     assert code == 200 and r["pieces"] == expected["pieces"]
     np.testing.assert_allclose(r["patterns"], expected["patterns"], atol=1e-4)
     code, r = post(client, "/api/map", {"words": ["cat", "dog", "mat", "kings"]})
-    assert code == 200 and r == json.loads(json.dumps(lab.map_points(m, tok, ["cat", "dog", "mat", "kings"])))
+    assert code == 200 and r == json.loads(json.dumps(embed.map_points(m, tok, ["cat", "dog", "mat", "kings"])))
     code, r = post(client, "/api/map", {"top": 12, "method": "tsne"})
     assert code == 200 and r["method"] == "tsne" and len(r["points"]) == 12
     code, r = post(client, "/api/params", {"preset": "andrea-120m"})
@@ -86,8 +86,8 @@ def test_endpoints_return_what_the_library_returns(client, subject):
     code, r = post(client, "/api/params", {})
     assert r["rows"][-1]["count"] == m.num_params()
     r = client.get("/api/positions").json()
-    sim = lab.positions(m)["similarity"]
-    assert r["by_distance"] == pytest.approx(lab.similarity_by_distance(sim), abs=1e-6)
+    sim = embed.positions(m)["similarity"]
+    assert r["by_distance"] == pytest.approx(embed.similarity_by_distance(sim), abs=1e-6)
     assert len(r["heatmap"]) == m.config.block_size
     info = client.get("/api/info").json()
     assert info["config"]["n_embd"] == m.config.n_embd and "cat" in info["suggestions"]
@@ -98,7 +98,7 @@ def test_generation_streams_the_library_tokens(client, subject):
     with client.stream("POST", "/api/generate", json={"prompt": "the cat", **settings}) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("application/x-ndjson")
         lines = [json.loads(line) for line in r.iter_lines() if line]
-    steps = list(lab.generate_steps(subject.model, subject.tokenizer, "the cat", **settings))
+    steps = list(embed.generate_steps(subject.model, subject.tokenizer, "the cat", **settings))
     assert lines[-1] == {"done": True, "tokens": len(steps)}
     assert lines[:-1] == json.loads(json.dumps(steps))
 

@@ -5,7 +5,7 @@ written by `andrea convert SRC model.json --to json` and run
 
     python engine.py model.json --prompt "The cat" --max-new-tokens 40 --temperature 0.8 --top-k 40
 
-(inside the package, `python -m andrea.engine ...` does the same). Every multiply is a Python
+(inside the package, `python -m andrea.stdlib_engine ...` does the same). Every multiply is a Python
 float operation, so it suits small models, reading, and checking the torch model against an
 independent implementation; it computes in double precision from the float32 weights.
 
@@ -55,7 +55,7 @@ def _surrogatepass_or_replace(err):
     return "\ufffd", err.end
 
 
-codecs.register_error("andrea.engine", _surrogatepass_or_replace)
+codecs.register_error("andrea.stdlib_engine", _surrogatepass_or_replace)
 
 
 # ---------------------------------------------------------------- tokenizer
@@ -92,7 +92,7 @@ class Tokenizer:
         for i in ids:
             if not 0 <= i < self.vocab_size:
                 raise EngineError(f"token id {i} is out of range: ids must be in 0..{self.vocab_size - 1}.")
-        return b"".join(self.token_bytes[i] for i in ids).decode("utf-8", "andrea.engine")
+        return b"".join(self.token_bytes[i] for i in ids).decode("utf-8", "andrea.stdlib_engine")
 
 
 # ---------------------------------------------------------------- arithmetic on lists
@@ -401,7 +401,7 @@ def _checked_config(cfg, path) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m andrea.engine",
+    p = argparse.ArgumentParser(prog="python -m andrea.stdlib_engine",
                                 description="Continue a prompt with an ANDREA JSON model, in pure Python.")
     p.add_argument("model", help="a JSON model written by `andrea convert SRC DST --to json`")
     p.add_argument("--prompt", default="", help="the text to continue (default: start from BOS alone)")

@@ -1,5 +1,5 @@
-"""`andrea main`: the main job, from nothing to a trained model and its samples (module named `job` so
-it never shadows `andrea.cli.main`, the entry point)."""
+"""`andrea main`: the main job, from nothing to a trained model and its samples (`andrea.mainjob`; this
+module is not named `main` so that it never shadows `andrea.cli.main`, the entry point)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ def cmd_main(args) -> int:
     from andrea.config import N_SPECIAL
     from andrea.data import MAX_VOCAB
     from andrea.errors import AndreaError
-    from andrea.pipeline import MainJob, run_main_job
+    from andrea.mainjob import MainJob, run_main_job
 
     if args.steps is not None and args.steps < 1:
         raise AndreaError(f"--steps must be at least 1, got {args.steps}.")
@@ -38,7 +38,7 @@ def cmd_main(args) -> int:
 
 
 def register(sub) -> None:
-    from andrea.pipeline import MAIN_RECIPE, RECIPE_SETTINGS
+    from andrea.mainjob import MAIN_RECIPE, RECIPE_SETTINGS
     from andrea.trainconfig import SAMPLING
 
     p = sub.add_parser("main", help="the main job: fetch the corpus, fit the tokenizer, train a CPU model, sample",

@@ -16,9 +16,7 @@ import torch
 from andrea.cli import main
 from andrea.config import ModelConfig
 from andrea.data import TokenData, prepare
-from andrea.model import ANDREA
-from andrea.optim import DEFAULT_LR, MUON, is_block_matrix, make_optimizer, param_groups
-from andrea.sparse_updates import (
+from andrea.experiments.sparse_updates import (
     OPTIMIZERS,
     SparseUpdatesExperiment,
     explanation,
@@ -26,6 +24,8 @@ from andrea.sparse_updates import (
     sparse_updates,
     write_results,
 )
+from andrea.model import ANDREA
+from andrea.optim import DEFAULT_LR, MUON, is_block_matrix, make_optimizer, param_groups
 from andrea.tokenizer import HarrisTokenizer
 
 TINY = ModelConfig(vocab_size=300, n_embd=32, n_head=4, n_layer=2, block_size=16)

@@ -14,7 +14,7 @@ from andrea.cli import main
 from andrea.config import ModelConfig
 from andrea.data import TokenData, prepare
 from andrea.errors import AndreaError
-from andrea.experiment import (
+from andrea.experiments.positions import (
     SCHEMES,
     PositionsExperiment,
     default_data_dir,

@@ -91,8 +91,8 @@ def prepared_tokenizer(n_segments: int, names: list[str], log=print):
     It is fitted on the training text of every source weighted as the curriculum opens (an equal
     share each), not on a raw file head, so a large source cannot dominate the segment alphabet.
     """
-    from andrea.samples import load_training_texts
     from andrea.tokenizer import TRAINER_VERSION, WORD_PATTERN, HarrisTokenizer
+    from andrea.tokenizer_sample import load_training_texts
 
     names = sorted(names)
     key = hashlib.sha256(f"{n_segments}|{'+'.join(names)}|{WORD_PATTERN}|{TRAINER_VERSION}".encode()).hexdigest()[:16]

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
-from andrea import lab
+from andrea import embed
 from andrea.data import TokenData
-from andrea.growth import snapshot_steps
+from andrea.snapshots import snapshot_steps
 from andrea.timeline import WHY_UNSEEN, Timeline, aligned_map, neighbours_at, pair_series, rho_series, row_updates
-from andrea.web import growth as web_growth
-from andrea.web.server import create_app
+from andrea.web import lab_growth as web_growth
+from andrea.web.lab import create_app
 from andrea.wordsim import load_wordsets
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -34,7 +34,7 @@ def run(growth_run):
 
 @pytest.fixture(scope="module")
 def subject(run):
-    return lab.load_subject(run)
+    return embed.load_subject(run)
 
 
 @pytest.fixture(scope="module")
@@ -139,7 +139,7 @@ def test_without_momentum_left_a_never_seen_row_stays_put(make_tiny_run, tmp_pat
     """Recipe v1 (Adam, no weight decay): over the whole run a row whose token was in no batch has
     not moved at all, and every row that was seen has; the panel says why."""
     run = make_tiny_run(tmp_path, recipe="v1", max_steps=6, eval_every=6)
-    with TestClient(create_app(lab.load_subject(run / "latest.safetensors"))) as c:
+    with TestClient(create_app(embed.load_subject(run / "latest.safetensors"))) as c:
         r = c.post("/api/growth/updates", json={"start": 0, "end": 6}).json()
     unseen = [row for row in r["rows"] if row["seen"] == 0]
     seen = [row for row in r["rows"] if row["seen"] > 0]
@@ -149,7 +149,7 @@ def test_without_momentum_left_a_never_seen_row_stays_put(make_tiny_run, tmp_pat
 
 
 def test_a_checkpoint_inside_the_run_folder_finds_its_snapshots(run):
-    app = create_app(lab.load_subject(run / "best.safetensors"))
+    app = create_app(embed.load_subject(run / "best.safetensors"))
     with TestClient(app) as c:
         assert c.get("/api/growth").json()["steps"] == snapshot_steps(run)
     assert app.state.growth.summary() == "growth view: 6 embedding snapshots, steps 0 to 16"
@@ -166,7 +166,7 @@ def test_without_the_word_sets_the_view_says_how_to_fetch_them(subject, tmp_path
 
 
 def test_a_checkpoint_without_snapshots_says_how_to_get_them(lab_checkpoint, capfd):
-    with TestClient(create_app(lab.load_subject(lab_checkpoint)), raise_server_exceptions=False) as c:
+    with TestClient(create_app(embed.load_subject(lab_checkpoint)), raise_server_exceptions=False) as c:
         info = c.get("/api/growth").json()
         assert info["live"] is False and set(info) == {"live", "note"}
         assert info["note"].startswith(f"the checkpoint {lab_checkpoint} has no embedding snapshots")
@@ -174,7 +174,7 @@ def test_a_checkpoint_without_snapshots_says_how_to_get_them(lab_checkpoint, cap
         for path in ("neighbours", "pairs", "rho", "map", "updates"):
             r = c.post(f"/api/growth/{path}", json={})
             assert r.status_code == 400 and r.json() == {"error": info["note"]}
-    with TestClient(create_app(lab.load_subject(preset="andrea-tiny"))) as c:
+    with TestClient(create_app(embed.load_subject(preset="andrea-tiny"))) as c:
         note = c.get("/api/growth").json()["note"]
         assert note.startswith("andrea-tiny (fresh, seed 0) has no training history to show.")
     out, err = capfd.readouterr()
@@ -218,7 +218,7 @@ def test_bad_values_get_one_json_sentence(client, capfd, path, body, message):
 
 
 def test_bodies_methods_and_queries(client, capfd):
-    from andrea.web.server import MAX_BODY
+    from andrea.web.lab import MAX_BODY
 
     r = client.post("/api/growth/map", content=b"{" + b" " * (MAX_BODY + 10) + b"}")
     assert r.status_code == 413 and "larger than" in r.json()["error"]

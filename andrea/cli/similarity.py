@@ -33,7 +33,7 @@ def _data_dir(args, checkpoint: Path) -> Path:
 
 def cmd_similarity(args) -> int:
     from andrea.data import TokenData
-    from andrea.lab import load_subject
+    from andrea.embed import load_subject
     from andrea.wordsim import load_wordsets, model_tables, ppmi_vectors, similarity, train_token_chunks, word_index
 
     subject = load_subject(args.checkpoint)

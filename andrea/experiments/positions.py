@@ -222,7 +222,7 @@ def markdown_table(summary: dict) -> str:
 
 
 def plot_positions(summary: dict, path) -> Path:
-    from andrea.lab import pyplot, save_figure
+    from andrea.embed import pyplot, save_figure
 
     plt = pyplot()
     rows, S = summary["rows"], summary["settings"]["seq_len"]

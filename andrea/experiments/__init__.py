@@ -1,0 +1,1 @@
+"""The experiments of `andrea experiment`: position schemes, and which rows of wte each optimizer moves."""
