@@ -1,0 +1,213 @@
+"""How each token is used in the training text: counts, the share of uses that stand alone, and
+what follows when it does not.
+
+A row of the embedding table learns what its token does in use. `␣cat` is the word cat only when
+the next token starts a new word; in "cats", "category" or "catholic" it is the first piece of a
+longer word, and its row learns those continuations too. So a token is judged here by its uses
+in a prepared data folder's training shards (every source, in shard order):
+
+- `count[i]`: how often token i occurs;
+- `alone[i]`: the uses where it stands alone, i.e. the next token starts a new word: BOS, the end
+  of the source's text, or a token whose first character is not a letter or digit (a space,
+  punctuation, an apostrophe, a line break); a next token that begins with a letter, a digit or a
+  UTF-8 byte of a character under way continues the word;
+- `continuations[i]`: the commonest next tokens of the uses that do not stand alone, with counts.
+
+`standalone_words(min_share, min_count)` is the whole-word filter the embedding tools use: tokens
+that mostly stand alone and were seen often enough for their rows to have learned something.
+
+The figures are computed once per data folder (a few seconds per 10 million tokens) and kept
+beside its manifest in `usage.npz`, tagged with the manifest's SHA-256, so a folder prepared
+again is counted again and a lookup afterwards costs nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from andrea.errors import AndreaError
+from andrea.files import atomic_write_bytes, check_regular
+
+USAGE_FILE = "usage.npz"
+USAGE_VERSION = 1
+TOP = 8  # continuations kept per token
+CHUNK = 4_000_000  # tokens read from a shard at a time
+
+
+def starts_word(tokenizer) -> np.ndarray:
+    """(V,) bool: whether a token, coming next, starts a new word (see the module docstring)."""
+    out = np.ones(tokenizer.vocab_size, dtype=bool)
+    for i in range(tokenizer.vocab_size):
+        raw = tokenizer.token_bytes(i)
+        if not raw:  # BOS
+            continue
+        if 0x80 <= raw[0] < 0xC0:  # a character under way
+            out[i] = False
+            continue
+        text = raw.decode("utf-8", "ignore")
+        # a lead byte whose character is cut off is a letter more often than not (é, ß, я)
+        out[i] = not (text[0].isalnum() if text else raw[0] >= 0xC0)
+    return out
+
+
+@dataclass
+class Usage:
+    """The usage figures of one vocabulary: count, alone, and continuation ids and counts
+    ((V, TOP), -1 and 0 where a token has fewer)."""
+
+    count: np.ndarray
+    alone: np.ndarray
+    next_ids: np.ndarray
+    next_counts: np.ndarray
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.count)
+
+    def share(self, i: int) -> float | None:
+        """The share of token i's uses that stand alone; None when it was never seen."""
+        n = int(self.count[i])
+        return int(self.alone[i]) / n if n else None
+
+    def shares(self) -> np.ndarray:
+        """(V,) standalone shares, NaN for tokens never seen."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(self.count > 0, self.alone / np.maximum(self.count, 1), np.nan)
+
+    def standalone_words(self, min_share: float = 0.8, min_count: int = 20) -> np.ndarray:
+        """(V,) bool: tokens seen at least min_count times that stand alone in at least min_share
+        of their uses."""
+        return (self.count >= min_count) & (self.alone >= min_share * self.count)
+
+    def continuations(self, i: int) -> list[tuple[int, int]]:
+        """[(next id, count)] of token i's commonest continuations, commonest first."""
+        return [(int(a), int(c)) for a, c in zip(self.next_ids[i], self.next_counts[i]) if a >= 0]
+
+    def record(self, i: int, label=None, top: int = 5) -> dict:
+        """What the lab and `andrea embed` show for token i; `label(id)` names the continuations."""
+        n = int(self.count[i])
+        cont = self.continuations(i)[:top]
+        out = {"count": n, "alone": int(self.alone[i]), "standalone_share": self.share(i),
+               "continuations": [{"id": a, "count": c, "share": c / n} for a, c in cont]}
+        if label is not None:
+            for c in out["continuations"]:
+                c["piece"] = label(c["id"])
+        return out
+
+    def sentence(self, i: int, label) -> str:
+        """One line: '␣cat stands alone in 35% of its 830 uses; it also begins ␣cat+s (16%), …';
+        `label(id)` names a token."""
+        piece = label(i)
+        n = int(self.count[i])
+        if not n:
+            return f"{piece} does not occur in the training text."
+        line = f"{piece} stands alone in {self.share(i):.0%} of its {n:,} uses"
+        cont = self.continuations(i)[:5]
+        if cont:
+            parts = ", ".join(f"{piece}+{label(a)} ({c / n:.0%})" for a, c in cont)
+            line += f"; it also begins {parts}"
+        return line + "."
+
+
+def count_usage(chunks, vocab_size: int, starts: np.ndarray, top: int = TOP) -> Usage:
+    """Usage of token streams: `chunks` yields lists of consecutive arrays of one text each (a
+    source's shards in order); the last token of each text stands alone."""
+    if len(starts) != vocab_size:
+        raise AndreaError(f"the word-start table has {len(starts)} entries for a vocabulary of {vocab_size}.")
+    count = np.zeros(vocab_size, dtype=np.int64)
+    alone = np.zeros(vocab_size, dtype=np.int64)
+    keys, weights = [], []
+    for text in chunks:
+        prev = None
+        for part in text:
+            part = np.asarray(part, dtype=np.int64)
+            if not len(part):
+                continue
+            if prev is not None:
+                part = np.concatenate(([prev], part))
+            else:
+                count += np.bincount(part[:1], minlength=vocab_size)
+            count += np.bincount(part[1:], minlength=vocab_size)
+            cur, nxt = part[:-1], part[1:]
+            ends = starts[nxt]
+            alone += np.bincount(cur[ends], minlength=vocab_size)
+            k, c = np.unique(cur[~ends] * vocab_size + nxt[~ends], return_counts=True)
+            keys.append(k)
+            weights.append(c)
+            prev = part[-1]
+        if prev is not None:
+            alone[prev] += 1
+    next_ids = np.full((vocab_size, top), -1, dtype=np.int32)
+    next_counts = np.zeros((vocab_size, top), dtype=np.int64)
+    if keys:
+        k, inverse = np.unique(np.concatenate(keys), return_inverse=True)
+        c = np.bincount(inverse, weights=np.concatenate(weights)).astype(np.int64)
+        cur, nxt = k // vocab_size, k % vocab_size
+        order = np.lexsort((nxt, -c, cur))  # by token, commonest first, ties by id
+        cur, nxt, c = cur[order], nxt[order], c[order]
+        first = np.searchsorted(cur, cur)  # where each token's run begins
+        rank = np.arange(len(cur)) - first
+        keep = rank < top
+        next_ids[cur[keep], rank[keep]] = nxt[keep]
+        next_counts[cur[keep], rank[keep]] = c[keep]
+    return Usage(count, alone, next_ids, next_counts)
+
+
+def _texts(data):
+    """Each source's training shards as one text, read in chunks."""
+    for source in data.sources.values():
+        yield (np.asarray(shard[s : s + CHUNK]) for shard in source.train.shards for s in range(0, len(shard), CHUNK))
+
+
+def _manifest_tag(data_dir: Path) -> str:
+    return hashlib.sha256(check_regular(data_dir / "manifest.json", "manifest").read_bytes()).hexdigest()
+
+
+def _read(path: Path, tag: str, vocab_size: int) -> Usage | None:
+    """The kept figures, or None where there are none, they are stale or damaged."""
+    try:
+        check_regular(path, "usage file")
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {name: z[name] for name in ("meta", "count", "alone", "next_ids", "next_counts")}
+    except (AndreaError, OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError):
+        return None
+    meta = arrays.pop("meta")
+    if meta.shape != (2,) or str(meta[0]) != str(USAGE_VERSION) or str(meta[1]) != tag:
+        return None
+    usage = Usage(**arrays)
+    shapes = (usage.count.shape, usage.alone.shape, usage.next_ids.shape[:1], usage.next_counts.shape)
+    if shapes != ((vocab_size,), (vocab_size,), (vocab_size,), usage.next_ids.shape):
+        return None
+    if (usage.count < 0).any() or (usage.alone > usage.count).any() or (usage.next_ids >= vocab_size).any():
+        return None
+    return usage
+
+
+def data_usage(data, tokenizer=None, log=None) -> Usage:
+    """The usage figures of a prepared data folder (`andrea.data.TokenData`): read from its
+    usage.npz when that matches the manifest, else counted and kept there (written atomically;
+    a folder that cannot be written to still gets its figures)."""
+    path = data.dir / USAGE_FILE
+    tag = _manifest_tag(data.dir)
+    kept = _read(path, tag, data.vocab_size)
+    if kept is not None:
+        return kept
+    tokenizer = tokenizer or data.load_tokenizer()
+    if log:
+        log(f"counting how each token is used in {data.dir} (once; kept in {USAGE_FILE})")
+    usage = count_usage(_texts(data), data.vocab_size, starts_word(tokenizer))
+    buf = io.BytesIO()
+    np.savez(buf, meta=np.array([str(USAGE_VERSION), tag]), count=usage.count, alone=usage.alone,
+             next_ids=usage.next_ids, next_counts=usage.next_counts)
+    try:
+        atomic_write_bytes(path, buf.getvalue())
+    except (OSError, AndreaError) as e:
+        if log:
+            log(f"note: could not keep the usage figures in {path} ({e}); they are counted again next time")
+    return usage
