@@ -24,6 +24,7 @@ COMMAND_MODULES = [
     "andrea.cli.generate",
     "andrea.cli.serve",
     "andrea.cli.convert",
+    "andrea.cli.lesson",
     "andrea.cli.embed",
     "andrea.cli.lab",
 ]

@@ -1,0 +1,436 @@
+"""The lesson, claim by claim, on the learner's own model: how andrea checks it, the number, a verdict.
+
+andrea grew from one lesson about the embedding layer. `andrea lesson --checkpoint RUN` and the
+lab's Lesson view walk its claims in the lesson's order on a trained model. Each step gives the
+claim in one sentence, how it was checked on this model, the numbers, and a verdict:
+
+    holds                the numbers say what the claim says
+    holds with a caveat  they do, with something the learner should know (`why` says what)
+    does not hold here   they do not, and `why` says what this model or run does instead
+    cannot check         this input lacks what the step needs (`why` names it)
+
+The steps, in order:
+
+    lookup     a token's row is picked by its id: wte[id] equals one-hot(id) · wte, exactly
+    tables     this model's two tables (V × d and T × d) and ANDREA-120M's, with their shares
+    init       the rows start as N(0, 1/√d): the spread at the run's first snapshot against 1/√d
+    sparse     a row gets a gradient only when its token is in the batch: rows seen and unseen
+               between the first two snapshots, with what the optimizer does to unseen rows
+    pairs      cat·dog against cat·Tuesday and cat·xylophone, cos on the input table and the head,
+               raw and centred, against the ±1/√d band of random rows, with how often each word's
+               token stands alone in the training text (andrea.usage)
+    scores     Spearman ρ on WordSim-353 and SimLex-999 over all single-token pairs and over pairs
+               of words whose tokens mostly stand alone, beside counting (PPMI) on the same pairs
+    dot        u·v = ‖u‖‖v‖cos θ on the learner's rows
+    positions  x_t = wte[id_t] + wpe[t] reproduced against the input of block 1 on a prompt, and
+               word order changing x
+    untied     the output head is a table of its own
+
+A run folder gives every step: its snapshots (`andrea.snapshots`), its training data (named in
+train.json) and, when fetched, the word sets. A bare model file, or a run without snapshots,
+gets the steps it can; the others say which input they lack.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from andrea.config import get_preset, param_rows
+from andrea.data import TokenData
+from andrea.embed import forward_matrix, table, vector_stats
+from andrea.errors import AndreaError
+from andrea.files import read_json
+from andrea.snapshots import snapshot_steps
+from andrea.timeline import Timeline, row_updates
+from andrea.usage import data_usage
+from andrea.wordsim import (
+    LESSON_PAIRS,
+    PAIR_SETS,
+    WordIndex,
+    centred,
+    pair_scores,
+    ppmi_vectors,
+    train_token_chunks,
+    try_load_wordsets,
+    word_index,
+)
+
+HOLDS, CAVEAT, FAILS, CANNOT = "holds", "holds with a caveat", "does not hold here", "cannot check"
+VERDICTS = (HOLDS, CAVEAT, FAILS, CANNOT)
+STANDALONE = 0.8  # a word "stands alone" when its token does in at least this share of its uses
+MIN_USES = 20  # ... and was seen at least this often
+PROMPT = "the dog chased the cat"
+REFERENCE = "andrea-120m"
+
+
+@dataclass
+class Step:
+    key: str
+    claim: str
+    how: str
+    verdict: str
+    why: str = ""
+    numbers: dict = field(default_factory=dict)
+
+
+@dataclass
+class Inputs:
+    """What the lesson is computed from: the model and tokenizer, and where known the run's
+    snapshots, its training data's usage figures and the word sets."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    name: str
+    timeline: Timeline | None = None
+    timeline_note: str = ""
+    usage: object = None
+    usage_note: str = ""
+    data: TokenData | None = None
+    sets: object = None
+    ppmi: bool = True
+    score_tables: dict = field(default_factory=dict)  # name: (V, d) table scored by `scores`; the input table by default
+
+
+def _words(tokenizer, words) -> dict[str, list[int]]:
+    return {w: tokenizer.encode(" " + w, bos=False) for w in words}
+
+
+def _label(tokenizer, ids) -> str:
+    """Tokens as they read, spaces as ␣, several joined by +: ␣xyl+oph+one."""
+    return "+".join(tokenizer.id_to_piece(i).replace(" ", "␣") for i in ids)
+
+
+# ---------------------------------------------------------------- the steps
+
+
+def step_lookup(inp: Inputs) -> Step:
+    model = inp.model
+    ids = sorted({i for ids in _words(inp.tokenizer, ("cat", "dog", "Tuesday")).values() for i in ids})
+    t = torch.tensor(ids)
+    with torch.no_grad():
+        looked_up = model.wte(t)
+        one_hot = torch.nn.functional.one_hot(t, model.config.vocab_size).to(model.wte.weight.dtype) @ model.wte.weight
+    same = torch.equal(looked_up, one_hot)
+    gap = float((looked_up - one_hot).abs().max())
+    return Step("lookup", "A token's embedding is the row of the table its id picks: a lookup, not a computation.",
+                f"wte[id] against one-hot(id) · wte for the {len(ids)} tokens of cat, dog and Tuesday",
+                HOLDS if same else FAILS,
+                "" if same else f"the model's lookup differs from the one-hot product by up to {gap:.3g}",
+                {"tokens": len(ids), "equal": same, "max_difference": gap})
+
+
+def step_tables(inp: Inputs) -> Step:
+    cfg = inp.model.config
+    total = sum(p.numel() for p in inp.model.parameters())
+    wte = inp.model.wte.weight.numel()
+    wpe = inp.model.wpe.weight.numel() if cfg.pos == "learned" else 0
+    ref = {r.name: r.count for r in param_rows(get_preset(REFERENCE))}
+    ref_wte, ref_wpe = ref["token embedding (wte)"], ref["position embedding (wpe)"]
+    numbers = {"V": cfg.vocab_size, "d": cfg.n_embd, "T": cfg.block_size, "wte": wte, "wpe": wpe, "total": total,
+               "embedding_share": (wte + wpe) / total, "reference": REFERENCE, "reference_wte": ref_wte,
+               "reference_wpe": ref_wpe, "reference_share": (ref_wte + ref_wpe) / ref["total"]}
+    how = (f"this model: wte {cfg.vocab_size:,} × {cfg.n_embd} = {wte:,}, wpe "
+           + (f"{cfg.block_size:,} × {cfg.n_embd} = {wpe:,}" if wpe else f"none ({cfg.pos})")
+           + f", {(wte + wpe) / total:.1%} of {total:,}; {REFERENCE}: {ref_wte:,} + {ref_wpe:,} = {ref_wte + ref_wpe:,}, "
+           f"{numbers['reference_share']:.1%} of {ref['total']:,}")
+    if wte != cfg.vocab_size * cfg.n_embd:
+        return Step("tables", _TABLES, how, FAILS, f"wte holds {wte:,} values, not V × d", numbers)
+    if not wpe:
+        return Step("tables", _TABLES, how, FAILS,
+                    f"this model has no learned position table: its positions are {cfg.pos}", numbers)
+    return Step("tables", _TABLES, how, HOLDS, "", numbers)
+
+
+_TABLES = "The embedding layer is two learned tables: tokens (V × d) and positions (T × d)."
+
+
+def step_init(inp: Inputs) -> Step:
+    claim = "The table starts as small random numbers, N(0, 1/√d)."
+    d = inp.model.config.n_embd
+    band = 1 / math.sqrt(d)
+    if inp.timeline is None:
+        return Step("init", claim, "the spread of the rows at the run's first snapshot", CANNOT, inp.timeline_note)
+    tl = inp.timeline
+    first = tl.steps[0]
+    rows = tl.snapshot(first).tables["input"].double().numpy()
+    std, mean = float(rows.std()), float(rows.mean())
+    numbers = {"step": first, "rows": len(rows), "std": std, "mean": mean, "expected_std": band, "ratio": std / band}
+    how = f"the standard deviation of the {len(rows):,} kept rows of wte at step {first}: {std:.5f} against 1/√{d} = {band:.5f}"
+    close = abs(std / band - 1) < 0.05 and abs(mean) < 0.05 * band
+    if not close:
+        return Step("init", claim, how, FAILS, f"the spread is {std / band:.2f} × 1/√d", numbers)
+    if first > 0:
+        return Step("init", claim, how, CAVEAT, f"the first snapshot is at step {first}, after training began", numbers)
+    return Step("init", claim, how, HOLDS, "", numbers)
+
+
+def step_sparse(inp: Inputs) -> Step:
+    claim = "Backpropagation updates a row only when its token is in the batch."
+    how = "how far each kept row of wte moved between the run's first two snapshots, tokens in the batches apart"
+    if inp.timeline is None or len(inp.timeline.steps) < 2:
+        why = inp.timeline_note or "the run has only one snapshot"
+        return Step("sparse", claim, how, CANNOT, why)
+    r = row_updates(inp.timeline, inp.timeline.steps[0], inp.timeline.steps[1])
+    seen, unseen = r["groups"]["seen"], r["groups"]["unseen"]
+    numbers = {"start": r["start"], "end": r["end"], "seen": seen, "unseen": unseen, "recipe": r["recipe"]}
+    how = (f"steps {r['start']} to {r['end']}: {seen['tokens']:,} rows whose token was in a batch moved "
+           f"{_num(seen['mean_moved'])} on average; {unseen['tokens']:,} rows that were not moved {_num(unseen['mean_moved'])}")
+    if not seen["tokens"] or not unseen["tokens"]:
+        return Step("sparse", claim, how, CANNOT, "every kept token was in a batch, or none was", numbers)
+    if not unseen["mean_moved"]:
+        return Step("sparse", claim, how, HOLDS, "", numbers)
+    if unseen["mean_moved"] < 0.1 * seen["mean_moved"]:
+        return Step("sparse", claim, how, CAVEAT, r["why"], numbers)
+    return Step("sparse", claim, how, FAILS, r["why"], numbers)
+
+
+def _num(x) -> str:
+    return "—" if x is None else f"{x:.3g}"
+
+
+def _usage_of(inp: Inputs, ids: list[int]) -> dict | None:
+    if inp.usage is None or len(ids) != 1:
+        return None
+    return {"count": int(inp.usage.count[ids[0]]), "standalone_share": inp.usage.share(ids[0])}
+
+
+def step_pairs(inp: Inputs) -> Step:
+    claim = "After training, related tokens (cat, dog, pet) have similar vectors; unrelated ones (cat, Tuesday, xylophone) do not."
+    words = _words(inp.tokenizer, sorted({w for p in LESSON_PAIRS for w in p}))
+    band = 1 / math.sqrt(inp.model.config.n_embd)
+    cos = {}
+    for name in ("input", "output"):
+        m = table(inp.model, name)
+        for how, mat in (("raw", m), ("centred", centred(m))):
+            vec = {w: mat[ids].mean(axis=0) for w, ids in words.items()}
+            cos[f"{name}_{how}"] = {f"{a}·{b}": vector_stats(vec[a], vec[b])["cos"] for a, b in LESSON_PAIRS}
+    usage = {w: _usage_of(inp, ids) for w, ids in words.items()}
+    numbers = {"band": band, "cos": cos, "tokens": {w: _label(inp.tokenizer, ids) for w, ids in words.items()},
+               "usage": usage}
+    c = cos["input_centred"]
+    how = (f"cos θ on the centred input table: cat·dog {c['cat·dog']:+.3f}, cat·pet {c['cat·pet']:+.3f}, "
+           f"cat·Tuesday {c['cat·Tuesday']:+.3f}, cat·xylophone {c['cat·xylophone']:+.3f}; random rows: ±{band:.3f}")
+    holds = c["cat·dog"] > band and c["cat·dog"] > max(c["cat·Tuesday"], c["cat·xylophone"])
+    notes = _word_notes(inp, words, usage)
+    if holds:
+        return Step("pairs", claim, how, CAVEAT if notes else HOLDS, "; ".join(notes), numbers)
+    why = "; ".join(notes) or "cat·dog is not beyond the band of random rows or not above the unrelated pairs"
+    return Step("pairs", claim, how, FAILS, why, numbers)
+
+
+def _word_notes(inp: Inputs, words: dict, usage: dict) -> list[str]:
+    notes = []
+    for w, ids in words.items():
+        label = _label(inp.tokenizer, ids)
+        if len(ids) > 1:
+            notes.append(f"{w} is {len(ids)} tokens ({label}): its vector is their mean")
+        elif usage[w] is not None and usage[w]["count"] and usage[w]["standalone_share"] < STANDALONE:
+            share = usage[w]["standalone_share"]
+            notes.append(f"{label} stands alone in only {share:.0%} of its {usage[w]['count']:,} uses; "
+                         f"{inp.usage.sentence(ids[0], lambda i: _label(inp.tokenizer, [i])).split('; ', 1)[-1]} "
+                         f"Its row learns those words too")
+    if inp.usage is None:
+        notes.append(f"how often each word's token stands alone is unknown: {inp.usage_note}")
+    return notes
+
+
+def _scores(tables: dict, index: WordIndex, pairs, standalone) -> dict:
+    """ρ of the centred input table (and PPMI) over single-token pairs and standalone pairs."""
+    keep = [(a, b, r) for a, b, r in pairs if index.single(a) and index.single(b)]
+    alone = keep if standalone is None else [(a, b, r) for a, b, r in keep
+                                             if standalone[index.ids[a][0]] and standalone[index.ids[b][0]]]
+    out = {}
+    for name, mat in tables.items():
+        out[name] = {"single": pair_scores(mat, index, keep)["all"], "standalone": pair_scores(mat, index, alone)["all"]}
+    return out
+
+
+def step_scores(inp: Inputs) -> Step:
+    claim = "Closeness in the table ranks word pairs as people do: Spearman ρ on WordSim-353 and SimLex-999."
+    if inp.sets is None:
+        return Step("scores", claim, "Spearman ρ of cos θ against people's ratings", CANNOT,
+                    "the word sets are not fetched; `andrea data fetch wordsets` fetches them")
+    index = word_index(inp.tokenizer, inp.model.config.vocab_size, inp.sets)
+    standalone = inp.usage.standalone_words(STANDALONE, MIN_USES) if inp.usage is not None else None
+    tables = inp.score_tables or {"input": centred(table(inp.model, "input"))}
+    numbers = {"standalone_rule": {"min_share": STANDALONE, "min_uses": MIN_USES},
+               "sets": {s: _scores(tables, index, inp.sets.pairs[s], standalone) for s in PAIR_SETS}}
+    ws = numbers["sets"]["wordsim353"]["input"]
+    head, alone = ws["single"], ws["standalone"]
+    ppmi = numbers["sets"]["wordsim353"].get("ppmi")
+    if standalone is None:
+        how = (f"WordSim-353 on the centred input table: ρ {head['rho']:+.2f} over all {head['n']} single-token pairs "
+               f"(null spread ±{head['null']:.2f})")
+    else:
+        how = (f"WordSim-353 on the centred input table: ρ {alone['rho']:+.2f} over {alone['n']} pairs of words that "
+               f"stand alone (null spread ±{alone['null']:.2f}), {head['rho']:+.2f} over all {head['n']} single-token pairs")
+    if ppmi:
+        how += (f"; counting (PPMI) on the same pairs: {ppmi['standalone']['rho']:+.2f}"
+                + ("" if standalone is None else f" and {ppmi['single']['rho']:+.2f}"))
+    if not alone["n"] > 2 or not math.isfinite(alone["rho"]):
+        return Step("scores", claim, how, CANNOT, "too few pairs of single-token words to rank", numbers)
+    if alone["rho"] <= 2 * alone["null"]:
+        return Step("scores", claim, how, FAILS, "ρ is inside twice the spread of a table that knows nothing", numbers)
+    notes = []
+    if standalone is None:
+        notes.append(f"usage unknown ({inp.usage_note}): every single-token pair counts")
+    elif head["rho"] <= 2 * head["null"]:
+        notes.append("over all single-token pairs ρ is inside the null spread: tokens that mostly begin longer words "
+                     "(␣cat in cats, category) learn those words")
+    if ppmi and ppmi["standalone"]["rho"] > alone["rho"]:
+        notes.append("counting co-occurrences ranks the same pairs better")
+    return Step("scores", claim, how, CAVEAT if notes else HOLDS, "; ".join(notes), numbers)
+
+
+def step_dot(inp: Inputs) -> Step:
+    claim = "The dot product measures closeness: u·v = ‖u‖‖v‖cos θ."
+    m = table(inp.model, "input")
+    words = _words(inp.tokenizer, ("cat", "dog"))
+    u, v = m[words["cat"]].mean(axis=0), m[words["dog"]].mean(axis=0)
+    nu, nv = float(np.linalg.norm(u)), float(np.linalg.norm(v))
+    if not nu or not nv:
+        return Step("dot", claim, "u·v against ‖u‖‖v‖cos θ for cat and dog", CANNOT, "a row is zero: it has no angle")
+    uu, vv = u / nu, v / nv
+    theta = 2 * math.atan2(float(np.linalg.norm(uu - vv)), float(np.linalg.norm(uu + vv)))  # no dot product in it
+    dot, product = float(u @ v), nu * nv * math.cos(theta)
+    numbers = {"dot": dot, "norm_u": nu, "norm_v": nv, "theta_deg": math.degrees(theta), "product": product,
+               "difference": abs(dot - product)}
+    how = (f"cat and dog on the input table: u·v = {dot:+.6f}; ‖u‖ {nu:.4f} × ‖v‖ {nv:.4f} × cos {math.degrees(theta):.2f}° "
+           f"= {product:+.6f} (θ from the unit vectors' chord, not from the dot product)")
+    ok = abs(dot - product) <= 1e-9 * max(1.0, nu * nv)
+    return Step("dot", claim, how, HOLDS if ok else FAILS, "" if ok else "the two differ beyond rounding", numbers)
+
+
+def _block_input(model, ids: list[int]) -> torch.Tensor:
+    seen = []
+    handle = model.h[0].register_forward_pre_hook(lambda _m, args: seen.append(args[0].detach()))
+    try:
+        with torch.no_grad():
+            model(torch.tensor([ids]))
+    finally:
+        handle.remove()
+    return seen[0][0].double()
+
+
+def step_positions(inp: Inputs) -> Step:
+    claim = "A second learned table adds each position: x_t = wte[id_t] + wpe[t] enters block 1, so word order changes x."
+    model, tok = inp.model, inp.tokenizer
+    if not len(model.h):
+        return Step("positions", claim, "the input of block 1", CANNOT, "the model has no blocks")
+    a, b = PROMPT, "the cat chased the dog"
+    ids_a, ids_b = tok.encode(a), tok.encode(b)
+    x = _block_input(model, ids_a)
+    parts = forward_matrix(model, ids_a)
+    expected = torch.from_numpy(parts["token_part"] + parts["position_part"])
+    gap = float((x - expected).abs().max())
+    xb = _block_input(model, ids_b)
+    dog = tok.encode(" dog", bos=False)[-1]
+    pa, pb = ids_a.index(dog), ids_b.index(dog)
+    moved = float((x[pa] - xb[pb]).norm())
+    numbers = {"prompt": a, "tokens": len(ids_a), "max_difference": gap, "order": {"other": b, "token": _label(tok, [dog]),
+               "positions": [pa, pb], "x_difference": moved}, "pos": model.config.pos}
+    how = (f"the input of block 1 on “{a}” ({len(ids_a)} tokens) against wte[ids] + wpe[0:{len(ids_a)}]: largest "
+           f"difference {gap:.2g}; {_label(tok, [dog])} at position {pa} and, in “{b}”, at {pb}: x differs by {moved:.4f}")
+    if gap > 1e-5:
+        return Step("positions", claim, how, FAILS, "the input of block 1 is not the sum of the two rows", numbers)
+    pos = model.config.pos
+    if pos in ("rope", "none"):
+        where = "inside attention, by rotating queries and keys" if pos == "rope" else "nowhere but in the causal mask"
+        return Step("positions", claim, how, FAILS, f"this model has no position table: x_t = wte[id_t], and order enters {where}",
+                    numbers)
+    if moved == 0:
+        return Step("positions", claim, how, FAILS, "the same token at two positions enters block 1 the same", numbers)
+    if pos == "sinusoidal":
+        return Step("positions", claim, how, CAVEAT, "this model's position table is fixed sinusoids, not learned", numbers)
+    return Step("positions", claim, how, HOLDS, "", numbers)
+
+
+def step_untied(inp: Inputs) -> Step:
+    claim = "The output head is its own table: input and output embeddings are untied."
+    model = inp.model
+    w, h = model.wte.weight, model.lm_head.weight
+    shared = w.data_ptr() == h.data_ptr()
+    words = _words(inp.tokenizer, ("cat",))["cat"]
+    cos = vector_stats(table(model, "input")[words].mean(axis=0), table(model, "output")[words].mean(axis=0))["cos"]
+    numbers = {"shared_storage": shared, "equal": bool(torch.equal(w, h)) if w.shape == h.shape else False, "cat_cos": cos}
+    how = f"wte and lm_head are {'one tensor' if shared else 'two tensors'}; cat's input row and output row: cos {cos:+.3f}"
+    if shared or numbers["equal"]:
+        return Step("untied", claim, how, FAILS, "the head reuses the input table", numbers)
+    return Step("untied", claim, how, HOLDS, "", numbers)
+
+
+STEPS = (step_lookup, step_tables, step_init, step_sparse, step_pairs, step_scores, step_dot, step_positions, step_untied)
+
+
+# ---------------------------------------------------------------- the inputs and the report
+
+
+def load_inputs(checkpoint, ppmi: bool = True, sets=None, log=None) -> Inputs:
+    """The model of a checkpoint file or run folder, with what its run folder knows."""
+    from andrea.checkpoint import load_model
+
+    model, tokenizer, _ = load_model(checkpoint)
+    if tokenizer is None:
+        raise AndreaError(f"{checkpoint} holds no tokenizer: the lesson looks words up with the run's own.")
+    model.eval()
+    path = Path(checkpoint)
+    run = path if path.is_dir() else path.parent
+    inp = Inputs(model, tokenizer, str(checkpoint), sets=sets if sets is not None else try_load_wordsets(), ppmi=ppmi)
+    if snapshot_steps(run):
+        inp.timeline = Timeline(run, tokenizer)
+    else:
+        inp.timeline_note = f"{run} holds no embedding snapshots (train with snapshots on, the default, to keep them)"
+    _attach_data(inp, run, log)
+    inp.score_tables = {"input": centred(table(model, "input"))}
+    if inp.ppmi and inp.data is not None and inp.sets is not None:
+        if log:
+            log("counting co-occurrences in the training text for the PPMI reference")
+        vectors = ppmi_vectors(train_token_chunks(inp.data), model.config.vocab_size, model.config.n_embd)
+        inp.score_tables["ppmi"] = centred(vectors)
+    return inp
+
+
+def _attach_data(inp: Inputs, run: Path, log) -> None:
+    cfg = run / "train.json"
+    if not cfg.is_file():
+        inp.usage_note = f"{run} has no train.json naming the training data"
+        return
+    data_dir = read_json(cfg, "train.json").get("data")
+    if not isinstance(data_dir, str) or not Path(data_dir).is_dir():
+        inp.usage_note = f"the training data named in {cfg} ({data_dir!r}) is not here"
+        return
+    try:
+        inp.data = TokenData(data_dir)
+        if inp.data.vocab_size != inp.model.config.vocab_size:
+            raise AndreaError(f"{data_dir} has V = {inp.data.vocab_size:,}, the model {inp.model.config.vocab_size:,}")
+        inp.usage = data_usage(inp.data, inp.tokenizer, log=log)
+    except AndreaError as e:
+        inp.data, inp.usage = None, None
+        inp.usage_note = str(e).rstrip(".")
+
+
+def lesson(inp: Inputs) -> list[Step]:
+    """Every step of the lesson on these inputs, in order."""
+    return [step(inp) for step in STEPS]
+
+
+def to_json(inp: Inputs, steps: list[Step]) -> dict:
+    cfg = inp.model.config
+    return {"model": inp.name, "config": {"V": cfg.vocab_size, "d": cfg.n_embd, "T": cfg.block_size,
+                                          "n_layer": cfg.n_layer, "pos": cfg.pos},
+            "steps": [asdict(s) for s in steps]}
+
+
+def to_text(inp: Inputs, steps: list[Step]) -> str:
+    cfg = inp.model.config
+    lines = [f"The lesson on {inp.name} (V {cfg.vocab_size:,}, d {cfg.n_embd}, {cfg.n_layer} layers)", ""]
+    for n, s in enumerate(steps, 1):
+        lines += [f"{n}. {s.claim}", f"   {s.how}", f"   {s.verdict}" + (f": {s.why}" if s.why else ""), ""]
+    counts = {v: sum(s.verdict == v for s in steps) for v in VERDICTS}
+    lines.append(", ".join(f"{n} {v}" for v, n in counts.items() if n))
+    return "\n".join(lines)
