@@ -28,9 +28,8 @@ import torch
 
 from andrea.config import ModelConfig
 from andrea.errors import AndreaError
+from andrea.trainconfig import DEFAULT_LR, RECIPES
 
-RECIPES = ("v1", "v2", "v3")
-DEFAULT_LR = {"v1": 3e-4, "v2": 1e-3, "v3": 3e-3}
 MUON = "muon"  # the `optimizer` key of a v3 group trained by Muon
 
 _BLOCK_MATRIX = re.compile(r"(^|\.)h\.\d+\.(attn|mlp)\.[^.]+\.weight$")

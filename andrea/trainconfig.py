@@ -35,7 +35,12 @@ from andrea.config import MAX_SEED, PRESETS, check_fields, is_int, is_real
 from andrea.curriculum import DEFAULT_C, DEFAULT_REROLL, MODES, REWARDS, Curriculum
 from andrea.errors import AndreaError
 from andrea.files import atomic_write_bytes, parse_json, read_json
-from andrea.optim import DEFAULT_LR, RECIPES
+
+# The recipes (andrea.optim builds their optimizers) and each one's peak learning rate when a
+# config names none. They live here, with no torch import, so that the command line's parser
+# (which reads them) starts without loading torch.
+RECIPES = ("v1", "v2", "v3")
+DEFAULT_LR = {"v1": 3e-4, "v2": 1e-3, "v3": 3e-3}
 
 SAMPLING = (*MODES, "proportional")  # the curriculum's modes, or by token count with no curriculum
 SOURCE_KEYS = ("name", "path", "floor", "cap")

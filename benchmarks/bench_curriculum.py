@@ -84,9 +84,8 @@ def main(argv=None) -> int:
     from andrea.config import PRESETS, count_params
     from andrea.errors import AndreaError
     from andrea.mainjob import MAIN_RECIPE, RECIPE_SETTINGS, MainJob
-    from andrea.optim import RECIPES
     from andrea.train import train
-    from andrea.trainconfig import TrainConfig
+    from andrea.trainconfig import RECIPES, TrainConfig
 
     job = MainJob.on("cpu")
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -25,8 +25,9 @@ from andrea.experiments.sparse_updates import (
     write_results,
 )
 from andrea.model import ANDREA
-from andrea.optim import DEFAULT_LR, MUON, is_block_matrix, make_optimizer, param_groups
+from andrea.optim import MUON, is_block_matrix, make_optimizer, param_groups
 from andrea.tokenizer import HarrisTokenizer
+from andrea.trainconfig import DEFAULT_LR
 
 TINY = ModelConfig(vocab_size=300, n_embd=32, n_head=4, n_layer=2, block_size=16)
 EARLY = torch.arange(10, 40)  # the tokens of the first batches

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from andrea.optim import RECIPES
+from andrea.trainconfig import RECIPES
 
 SUFFIXES = {".bin": "bin", ".json": "json", ".safetensors": "native"}
 NAMES = {"native": "andrea checkpoint", "bin": "ANDREA .bin", "json": "ANDREA JSON model", "hf": "Hugging Face GPT-2 folder"}
