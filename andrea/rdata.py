@@ -11,7 +11,10 @@ every item opening with a flags word whose low byte is its type; bit 9 says attr
 item, bit 10 that a tag comes before a pairlist node's value. The reader knows exactly the types
 such data holds (NULL, symbols and references back to them, pairlists for attributes, logical,
 integer, double and character vectors, and lists); any other type, a length past the end of the
-data or nesting deeper than MAX_DEPTH is refused with one sentence. Nothing is evaluated.
+data, nesting deeper than MAX_DEPTH or more than MAX_VALUES values in one object (elements,
+strings, list items and pairlist nodes together: a few bytes of data each, but a Python object
+each, so the bound is on them and not only on the bytes) is refused with one sentence. Nothing is
+evaluated.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ NA_INTEGER = -(1 << 31)
 MAX_DEPTH = 32
 MAX_CHUNK = 1 << 28  # 256 MB: the most one object may decompress to
 MAX_INDEX = 1 << 24  # 16 MB: the most an index may decompress to
+MAX_VALUES = 1 << 20  # values in one object (janeaustenr's largest novel holds about 16,000 lines)
 VECTOR_TYPES = {LGLSXP: "logical", INTSXP: "integer", REALSXP: "double", STRSXP: "character", VECSXP: "list"}
 
 
@@ -49,6 +53,13 @@ class RValue:
 class _Unserializer:
     def __init__(self, data: bytes, what: str):
         self.data, self.pos, self.what, self.refs = data, 0, what, []
+        self.values_left = MAX_VALUES
+
+    def count(self, n: int) -> None:
+        """Spend n values of the object's budget (before they are made)."""
+        self.values_left -= n
+        if self.values_left < 0:
+            raise self.fail(f"holds more than {MAX_VALUES:,} R values, more than this reader takes")
 
     def fail(self, why: str) -> AndreaError:
         return AndreaError(f"{self.what} {why}.")
@@ -79,6 +90,7 @@ class _Unserializer:
             n = (self.int() << 32) | (self.int() & 0xFFFFFFFF)
         if n < 0 or n * least_bytes > len(self.data) - self.pos:
             raise self.fail("holds a vector longer than the data around it")
+        self.count(n)
         return n
 
     def string(self):
@@ -101,6 +113,7 @@ class _Unserializer:
             raise self.fail(f"nests R objects deeper than {MAX_DEPTH} levels")
         flags = self.int()
         kind = flags & 0xFF
+        self.count(1)
         if kind == NILVALUE_SXP:
             return RValue("NULL", [])
         if kind == REFSXP:
@@ -137,6 +150,7 @@ class _Unserializer:
         """A pairlist, read node by node (not recursing down its tail): values and their tags."""
         values, tags = [], []
         while True:
+            self.count(1)
             if flags & HAS_ATTR:
                 self.attributes(depth)  # a node's own attributes: never needed here
             tag = self.item(depth + 1) if flags & HAS_TAG else None

@@ -126,6 +126,24 @@ def test_what_the_reader_does_not_know_is_refused(item, why):
         unserialize(serialized(item), "x")
 
 
+@pytest.mark.parametrize("shape", ["nulls", "pairlist", "strings", "integers"])
+def test_an_object_of_more_values_than_the_bound_is_refused_before_it_is_built(shape):
+    """A few bytes of data per value, but a Python object per value: 2 million of them (8-16 MB of
+    data) are refused, as 2 GB of objects would be, while a million fit."""
+    n = (1 << 20) + 1
+    if shape == "nulls":
+        item = listing([xint(254)] * n)
+    elif shape == "pairlist":
+        item = b"".join(xint(2) + xint(254) for _ in range(n)) + xint(254)
+    elif shape == "strings":
+        item = character([""] * n)
+    else:
+        item = integers([1] * n)
+    with pytest.raises(AndreaError, match="more than 1,048,576 R values"):
+        unserialize(serialized(item), "the test object")
+    assert len(unserialize(serialized(integers([7] * (n - 2))), "the test object").values) == n - 2
+
+
 def test_a_damaged_database_is_refused_in_one_sentence():
     rdx, rdb = lazyload({"emma": character(NOVEL)})
     with pytest.raises(AndreaError, match="cut short"):
