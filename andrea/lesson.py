@@ -400,7 +400,12 @@ def _attach_data(inp: Inputs, run: Path, log) -> None:
     if not cfg.is_file():
         inp.usage_note = f"{run} has no train.json naming the training data"
         return
-    data_dir = read_json(cfg, "train.json").get("data")
+    try:
+        recorded = read_json(cfg, "train.json")
+    except AndreaError as e:
+        inp.usage_note = str(e).rstrip(".")
+        return
+    data_dir = recorded.get("data") if isinstance(recorded, dict) else None
     if not isinstance(data_dir, str) or not Path(data_dir).is_dir():
         inp.usage_note = f"the training data named in {cfg} ({data_dir!r}) is not here"
         return

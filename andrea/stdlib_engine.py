@@ -252,7 +252,11 @@ class Model:
         if tok is not None:
             if not isinstance(tok, dict) or tok.get("word_pattern", WORD_PATTERN) != WORD_PATTERN:
                 raise EngineError(f"{path} has a tokenizer that splits words another way than this engine.")
-            tokenizer = Tokenizer(tok.get("segments", []))
+            segments = tok.get("segments", [])
+            if (not isinstance(segments, list) or not all(isinstance(s, str) and s for s in segments)
+                    or len(set(segments)) != len(segments)):
+                raise EngineError(f"{path}: the tokenizer's segments are not a list of distinct, non-empty strings.")
+            tokenizer = Tokenizer(segments)
             if tokenizer.vocab_size != cfg["vocab_size"]:
                 raise EngineError(f"{path}: the tokenizer has V = {tokenizer.vocab_size} but the model V = {cfg['vocab_size']}.")
         return cls(cfg, tensors, tokenizer)

@@ -482,6 +482,16 @@ def test_a_prompt_without_end_is_refused_not_read(run_dir):
         assert peak < 800_000_000, f"{command} peaked at {peak:,} bytes"
 
 
+def test_text_without_end_is_refused_by_the_tokenizer_commands(tmp_path):
+    """`andrea tokenizer encode` and `decode` reading /dev/zero: one sentence at 64 MiB, not MemoryError."""
+    HarrisTokenizer([" cat"]).save(tmp_path / "tok")
+    for command in ("encode", "decode"):
+        with open("/dev/zero", "rb") as zero:
+            done, peak = peak_rss(["tokenizer", command, "--tokenizer", tmp_path / "tok"], stdin=zero, timeout=120)
+        assert "standard input is longer than 64 MiB" in process_sentence(done)
+        assert peak < 800_000_000, f"tokenizer {command} peaked at {peak:,} bytes"
+
+
 def test_one_very_long_word_costs_training_its_length_not_its_square():
     """A 200,000-letter word (twice, so it could be a candidate) among ordinary text: fitting ends
     in seconds (it grew with the square of the word: 2.3 s at 40,000 letters, over a minute at
@@ -525,3 +535,13 @@ def test_a_word_list_that_inflates_to_gigabytes_is_never_read_on_load(tmp_path, 
     src.write_text("\n\n".join(documents(4, 3)))
     code, _, err = cli(capsys, "prepare", src, "--tokenizer", folder, "--out", tmp_path / "d", "--no-progress")
     assert code == 0, err
+
+
+@pytest.mark.parametrize("bad", ["deep", "list"])
+def test_a_runs_train_json_that_is_not_a_record_ends_embed_similarity_in_one_sentence(run_dir, tmp_path, capsys, bad):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "latest.safetensors").write_bytes((run_dir / "latest.safetensors").read_bytes())
+    (run / "train.json").write_text('{"data":\n' + DEEP + "}" if bad == "deep" else '["data"]')
+    line = one_sentence(*cli(capsys, "embed", "similarity", "--checkpoint", run, "--ppmi")[::2])
+    assert "train.json" in line, line

@@ -149,3 +149,16 @@ def test_engine_main_reports_one_sentence(tmp_path, capsys):
     assert stdlib_engine.main([str(tmp_path / "bad.json"), "--prompt", "x"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("engine: error: ") and err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("segments", [None, 257, [["the"]], ["the", 5], ["the", ""], ["the", "the"]],
+                         ids=["null", "number", "nested", "mixed", "empty", "twice"])
+def test_engine_refuses_a_tokenizer_whose_segments_are_not_distinct_strings(tmp_path, segments):
+    import json
+
+    to_json(tiny_model(4), tmp_path / "m.json")
+    doc = json.loads((tmp_path / "m.json").read_text())
+    doc["tokenizer"]["segments"] = segments
+    (tmp_path / "m.json").write_text(json.dumps(doc))
+    with pytest.raises(stdlib_engine.EngineError, match="segments are not a list of distinct, non-empty strings"):
+        stdlib_engine.Model.load(tmp_path / "m.json")

@@ -3,7 +3,36 @@
 from __future__ import annotations
 
 import json
+import sys
+
+from andrea.errors import AndreaError
+
+MAX_PROMPT_BYTES = 4 << 20  # a model sees at most its context (some thousand tokens) of a prompt
+MAX_TEXT_BYTES = 64 << 20  # what `andrea tokenizer` reads from standard input; more is `andrea prepare`'s work
 
 
 def print_json(obj) -> None:
     print(json.dumps(obj, indent=2, ensure_ascii=False))
+
+
+def utf8_text(data: bytes, what: str) -> str:
+    """Bytes read from standard input as text: UTF-8, or one sentence saying where it is not."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise AndreaError(f"{what} is not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start:,}); "
+                          f"andrea reads text as UTF-8.") from None
+
+
+def read_stdin(what: str, limit: int, line: bool = False, advice: str = "give less") -> str:
+    """All of standard input, or one line of it, as UTF-8 text: at most `limit` bytes, so a stream
+    without end (/dev/zero, a runaway pipe) is refused, not read until memory runs out."""
+    raw = getattr(sys.stdin, "buffer", None)
+    if raw is None:  # a text stream with no bytes beneath it
+        text = sys.stdin.readline(limit + 1) if line else sys.stdin.read(limit + 1)
+        data = None
+    else:
+        data = raw.readline(limit + 1) if line else raw.read(limit + 1)
+    if len(data if data is not None else text) > limit:
+        raise AndreaError(f"{what} is longer than {limit >> 20} MiB; {advice}.")
+    return text if data is None else utf8_text(data, what)

@@ -4,35 +4,10 @@ from __future__ import annotations
 
 import sys
 
+from andrea.cli.common import MAX_PROMPT_BYTES, read_stdin
 from andrea.errors import AndreaError
 
-
-def _text(data: bytes, what: str) -> str:
-    """Bytes read from standard input as text: UTF-8, or one sentence saying where it is not."""
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise AndreaError(f"{what} is not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start:,}); "
-                          f"andrea reads prompts as UTF-8.") from None
-
-
-MAX_PROMPT_BYTES = 4 << 20  # a model sees at most its context (some thousand tokens) of a prompt
-
-
-def _read_stdin(line: bool = False) -> str:
-    """All of standard input, or one line of it, as UTF-8 text: at most MAX_PROMPT_BYTES, so a
-    stream without end (/dev/zero, a runaway pipe) is refused, not read until memory runs out."""
-    raw = getattr(sys.stdin, "buffer", None)
-    if raw is None:  # a text stream with no bytes beneath it
-        text = sys.stdin.readline(MAX_PROMPT_BYTES + 1) if line else sys.stdin.read(MAX_PROMPT_BYTES + 1)
-        data = None
-    else:
-        data = raw.readline(MAX_PROMPT_BYTES + 1) if line else raw.read(MAX_PROMPT_BYTES + 1)
-    what = "a line on standard input" if line else "the prompt on standard input"
-    if len(data if data is not None else text) > MAX_PROMPT_BYTES:
-        raise AndreaError(f"{what} is longer than {MAX_PROMPT_BYTES >> 20} MiB; give a shorter prompt (a model sees only "
-                          f"the last part of it that fits its context).")
-    return text if data is None else _text(data, what)
+PROMPT_ADVICE = "give a shorter prompt (a model sees only the last part of it that fits its context)"
 
 
 def _check_prompt(prompt: str) -> str:
@@ -72,7 +47,7 @@ def cmd_generate(args) -> int:
     if args.prompt is not None:
         prompt = _check_prompt(args.prompt)
     else:
-        prompt = _read_stdin()
+        prompt = read_stdin("the prompt on standard input", MAX_PROMPT_BYTES, advice=PROMPT_ADVICE)
         if prompt.endswith("\n"):
             prompt = prompt[:-1]
     generator = load(args.checkpoint, _device(args))
@@ -95,7 +70,7 @@ def cmd_chat(args) -> int:
         if interactive:
             out.write("> ")
             out.flush()
-        line = _read_stdin(line=True).rstrip("\r\n")
+        line = read_stdin("a line on standard input", MAX_PROMPT_BYTES, line=True, advice=PROMPT_ADVICE).rstrip("\r\n")
         if not line.strip() or line.strip() == "/quit":
             break
         out.write("< ")

@@ -18,17 +18,18 @@ def _rho(s: dict) -> str:
 
 def _data_dir(args, checkpoint: Path) -> Path:
     """--data, else the data folder the run recorded in its train.json."""
-    import json
-
     from andrea.errors import AndreaError
+    from andrea.files import read_json
 
     if args.data:
         return Path(args.data)
     run = checkpoint if checkpoint.is_dir() else checkpoint.parent
-    try:
-        return Path(json.loads((run / "train.json").read_text())["data"])
-    except (OSError, ValueError, KeyError, TypeError):
-        raise AndreaError(f"{run} has no train.json naming its data; give --data DIR for the PPMI reference.") from None
+    if not (run / "train.json").exists():
+        raise AndreaError(f"{run} has no train.json naming its data; give --data DIR for the PPMI reference.")
+    data = read_json(run / "train.json", "the run's train.json")
+    if not isinstance(data, dict) or not isinstance(data.get("data"), str):
+        raise AndreaError(f"{run}/train.json names no data folder; give --data DIR for the PPMI reference.")
+    return Path(data["data"])
 
 
 def cmd_similarity(args) -> int:

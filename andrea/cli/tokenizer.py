@@ -6,6 +6,7 @@ import re
 import sys
 import time
 
+from andrea.cli.common import MAX_TEXT_BYTES, read_stdin
 from andrea.errors import AndreaError
 
 PROGRESS_BYTES = 1_000_000  # show progress bars from this much training text on
@@ -72,10 +73,8 @@ def _curriculum_shares(config_path, files):
 
 
 def _read_stdin() -> str:
-    try:
-        return sys.stdin.buffer.read().decode("utf-8")
-    except UnicodeDecodeError:
-        raise AndreaError("standard input is not UTF-8 text.") from None
+    return read_stdin("standard input", MAX_TEXT_BYTES,
+                      advice="for a larger text, `andrea prepare` writes its tokens to shards")
 
 
 def _load(args):
