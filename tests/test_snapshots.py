@@ -173,6 +173,20 @@ def test_embed_similarity_scores_a_run_beside_its_ppmi_reference(data_dir, tmp_p
     assert r["tables"]["input"]["raw"]["simlex999"]["all"]["null"] == pytest.approx(1 / math.sqrt(27))
 
 
+def test_embed_similarity_scores_a_fresh_preset_and_timeline_takes_only_a_run(data_dir, wordsets, capsys):
+    """A fresh preset's table is the baseline of the scores (what init alone gives); a timeline is read
+    from a run, so its parser has no --preset."""
+    tok = str(data_dir / "tokenizer")
+    assert main(["embed", "similarity", "--preset", "andrea-tiny", "--tokenizer", tok, "--json", "--no-analogies"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert "andrea-tiny (fresh, seed 0" in r["model"] and set(r["tables"]) == {"input", "output"}
+    assert main(["embed", "similarity", "--preset", "andrea-tiny", "--ppmi"]) == 2
+    assert "give --data DIR beside --preset" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["embed", "timeline", "--preset", "andrea-tiny", "cat", "dog"])
+    assert "--checkpoint" in capsys.readouterr().err
+
+
 def test_embed_similarity_without_the_sets_says_how_to_fetch_them(data_dir, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("ANDREA_CACHE", str(tmp_path / "empty"))
     run = tmp_path / "r"

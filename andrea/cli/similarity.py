@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 from pathlib import Path
 
@@ -33,18 +34,23 @@ def _data_dir(args, checkpoint: Path) -> Path:
 
 
 def cmd_similarity(args) -> int:
+    from andrea.cli.embed import check_source
     from andrea.data import TokenData
     from andrea.embed import load_subject
+    from andrea.errors import AndreaError
     from andrea.wordsim import load_wordsets, model_tables, ppmi_vectors, similarity, train_token_chunks, word_index
 
-    subject = load_subject(args.checkpoint)
+    check_source(args)
+    if args.ppmi and not args.checkpoint and not args.data:
+        raise AndreaError("--ppmi counts a run's training tokens: give --data DIR beside --preset.")
+    subject = load_subject(args.checkpoint, args.preset, args.seed, args.tokenizer)
     model, tok = subject.model, subject.tokenizer
     V, d = model.config.vocab_size, model.config.n_embd
     sets = load_wordsets()
     index = word_index(tok, V, sets)
     tables = model_tables(model)
     if args.ppmi:
-        data = TokenData(_data_dir(args, Path(args.checkpoint)))
+        data = TokenData(_data_dir(args, Path(args.checkpoint or ".")))
         tables["ppmi"] = ppmi_vectors(train_token_chunks(data), V, d)
     report = similarity(tables, index, sets, analogies=not args.no_analogies).to_dict()
     report["model"] = subject.name
@@ -133,7 +139,10 @@ def register_embed(esub, common) -> None:
     s.add_argument("--data", metavar="DIR", help="the data folder for --ppmi (default: the one the run trained on)")
     s.add_argument("--no-analogies", action="store_true", help="skip the analogy questions")
     s.set_defaults(func=cmd_similarity)
-    t = esub.add_parser("timeline", parents=[common], help="the embedding table learning: cos θ of word pairs, ρ and "
+    run = argparse.ArgumentParser(add_help=False)  # a timeline is read from a run: no preset, seed or tokenizer
+    run.add_argument("--checkpoint", required=True, help="a run folder (or a checkpoint in one) that kept snapshots")
+    run.add_argument("--json", action="store_true", help="machine-readable output")
+    t = esub.add_parser("timeline", parents=[run], help="the embedding table learning: cos θ of word pairs, ρ and "
                         "how often each word was seen, at every snapshot of a run",
                         description="Read the snapshots a run kept in embeddings/ (steps 0, 1, 2, 4, … and every "
                                     "evaluation) and print, per step, cos θ of the first word with each other word, "
