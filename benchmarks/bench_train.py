@@ -13,7 +13,11 @@ peer's biases add no matmul work. The reference rate is a 2048² fp32 torch.mm w
 measured once per round between the steps so that it shares their conditions on a shared machine;
 like the step times, the best measurement is the one reported.
 
-    .venv/bin/python benchmarks/bench_train.py [--preset andrea-12m] [--batch 6] [--seq 256]
+With --compile a third arm runs andrea through `torch.compile` (inductor; on the CPU it generates
+C++ with the machine's compiler): the same weights, data and optimizer; its first step, which
+compiles the forward and backward graphs, is timed apart and printed as the compile time.
+
+    .venv/bin/python benchmarks/bench_train.py [--preset andrea-12m] [--batch 6] [--seq 256] [--compile]
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ from andrea.config import PRESETS, count_params  # noqa: E402
 from andrea.model import ANDREA  # noqa: E402
 
 PEER_ACTIVATION = {"relu2": "relu2", "relu": "relu", "gelu": "gelu"}
+PEER = "gpt2 (transformers)"
+COMPILED = "andrea (torch.compile)"
 
 
 def matmul_rate(n: int = 2048, seconds: float = 0.5) -> float:
@@ -103,6 +109,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="rounds; the order of the two models alternates")
     parser.add_argument("--steps", type=int, default=2, help="timed steps per model per round")
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads (default all cores)")
+    parser.add_argument("--compile", action="store_true", help="also time andrea under torch.compile (compile time apart)")
     args = parser.parse_args()
 
     cfg = PRESETS[args.preset]
@@ -118,11 +125,21 @@ def main() -> None:
     y = torch.randint(0, cfg.vocab_size, (args.batch, args.seq), generator=g)
     steps = {
         "andrea": make_step(ours, lambda x, y: ours(x, targets=y)[1], x, y),
-        "gpt2 (transformers)": make_step(
+        PEER: make_step(
             peer, lambda x, y: F.cross_entropy(peer(input_ids=x).logits.view(-1, cfg.vocab_size), y.view(-1)), x, y
         ),
     }
-    n_params = {"andrea": ours.num_params(), "gpt2 (transformers)": sum(p.numel() for p in peer.parameters())}
+    n_params = {"andrea": ours.num_params(), PEER: sum(p.numel() for p in peer.parameters())}
+    compile_s = None
+    if args.compile:
+        compiled = ANDREA(cfg)
+        compiled.load_state_dict(ours.state_dict())
+        forward = torch.compile(compiled)
+        steps[COMPILED] = make_step(compiled, lambda x, y: forward(x, targets=y)[1], x, y)
+        n_params[COMPILED] = compiled.num_params()
+        start = time.perf_counter()
+        steps[COMPILED]()  # compiles the forward and backward graphs
+        compile_s = time.perf_counter() - start
 
     load_before = load_average()
     for step in steps.values():
@@ -149,7 +166,7 @@ def main() -> None:
     for name, ts in times.items():
         tps = tokens / min(ts)
         rows[name] = (min(ts), statistics.median(ts), tps, flops_tok * tps / 1e9)
-    ratio = rows["andrea"][2] / rows["gpt2 (transformers)"][2]
+    ratio = rows["andrea"][2] / rows[PEER][2]
 
     import transformers
 
@@ -166,6 +183,8 @@ def main() -> None:
     print(f"| FLOPs per token | 6·N + 12·L·T·d = 6 × {n_mm:,} + 12 × {L} × {T} × {d} = {flops_tok / 1e6:.1f} M |")
     print(f"| fp32 matmul rate (2048² torch.mm, best of rounds) | {peak / 1e9:.1f} GFLOP/s |")
     print(f"| load average (1 min) before / after | {load_before} / {load_after} |")
+    if compile_s is not None:
+        print(f"| torch.compile: the first step (compiling forward and backward) | {compile_s:.1f} s |")
     print()
     print("| model | params | step ms (fastest) | step ms (median) | tokens/s | GFLOP/s | of matmul rate |")
     print("|---|---:|---:|---:|---:|---:|---:|")
@@ -174,6 +193,9 @@ def main() -> None:
               f"{100 * gflops * 1e9 / peak:.0f}% |")
     print()
     print(f"andrea / gpt2 tokens per second: {ratio:.2f}×")
+    if compile_s is not None:
+        print(f"andrea compiled / gpt2 tokens per second: {rows[COMPILED][2] / rows[PEER][2]:.2f}×")
+        print(f"andrea compiled / andrea eager tokens per second: {rows[COMPILED][2] / rows['andrea'][2]:.2f}×")
 
 
 if __name__ == "__main__":
