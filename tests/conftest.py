@@ -65,7 +65,7 @@ def lab_checkpoint(tmp_path_factory):
 def data_dir(tmp_path_factory):
     """A prepared data folder of two synthetic sources (alpha, beta) and a 40-segment tokenizer,
     for tiny training runs (tests/test_train.py, tests/test_snapshots.py)."""
-    from test_train import synthetic_text
+    from helpers import synthetic_text
 
     from andrea.data import prepare
     from andrea.tokenizer import HarrisTokenizer

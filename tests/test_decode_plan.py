@@ -5,7 +5,7 @@ layouts against F.linear, and the chunked training loss against the plain cross-
 import pytest
 import torch
 import torch.nn.functional as F
-from test_generate import tiny_model as generate_model
+from helpers import unit_model as generate_model
 
 import andrea.decode_plan as decode
 from andrea.config import POSITION_SCHEMES, ModelConfig

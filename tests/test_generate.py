@@ -1,21 +1,19 @@
 """Generation: KV cache against recomputation, the sliding window, sampling, streaming, chat, CLI."""
 
 import io
-import math
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import unit_model
 
 import andrea
 from andrea.checkpoint import save_checkpoint
 from andrea.cli import main
-from andrea.config import ModelConfig
 from andrea.errors import AndreaError
 from andrea.generate import BOS, Chat, TextGenerator, generate_ids, sample_next, stream_ids, stream_text_pieces, window_keep
-from andrea.model import ANDREA
 from andrea.tokenizer import HarrisTokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,16 +48,7 @@ class ByteTokenizer:
 
 
 def tiny_model(block_size=64, vocab_size=300, seed=0, n_embd=32, n_head=4, **changes):
-    """A 2-layer model with unit-scale random weights: attention and logits far from uniform, so
-    the tokens it picks depend on the context it sees."""
-    torch.manual_seed(seed)
-    cfg = ModelConfig(vocab_size=vocab_size, n_embd=n_embd, n_head=n_head, n_layer=2, block_size=block_size, **changes)
-    model = ANDREA(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 1.0 / math.sqrt(p.shape[1]))
-    return model
+    return unit_model(block_size, vocab_size, seed, n_embd, n_head, **changes)
 
 
 def constant_model(token, vocab_size=300):

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from test_train import synthetic_text
+from helpers import synthetic_text
 
 from andrea.data import prepare
 from andrea.tokenizer import HarrisTokenizer

@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import cli, one_sentence
 from safetensors import safe_open
 from safetensors.torch import save_file
-from test_reliability import cli, one_sentence
 
 from andrea.cli import main
 from andrea.config import ModelConfig

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_reliability import cli, one_sentence
+from helpers import cli, one_sentence
 
 from andrea.checkpoint import load_checkpoint
 from andrea.cli import main

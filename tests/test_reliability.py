@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import cli, one_sentence
 from safetensors import safe_open
 from safetensors.torch import save_file
 
@@ -59,21 +60,6 @@ def train_args(data_dir, model_json, out, *extra, steps=4):
     return ["train", "--data", str(data_dir), "--out", str(out), "--model-config", str(model_json),
             "--max-steps", str(steps), "--batch-size", "2", "--seq-len", "16", "--warmup-steps", "2",
             "--checkpoint-every", "2", "--eval-every", "2", "--eval-windows", "1", "--no-audit", "--no-progress", *extra]
-
-
-def cli(capsys, *args) -> tuple[int, str, str]:
-    """Run the command in this process: (exit status, stdout, stderr); never a traceback."""
-    code = main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    assert "Traceback" not in err and "Traceback" not in out
-    return code, out, err
-
-
-def one_sentence(code: int, err: str) -> str:
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert code == 2, err
-    assert len(lines) == 1 and lines[0].startswith("andrea: error: "), err
-    return lines[0]
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from test_train import opts, quiet, tiny_config
+from helpers import opts, quiet, tiny_config
 
 from andrea.checkpoint import load_checkpoint, save_checkpoint
 from andrea.cli import main

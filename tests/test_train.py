@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import opts, quiet, tiny_config
 
 from andrea.checkpoint import load_checkpoint
 from andrea.cli import main
@@ -22,44 +23,11 @@ from andrea.config import ModelConfig
 from andrea.data import HEADER, TokenData, open_shard
 from andrea.errors import AndreaError
 from andrea.train import train
-from andrea.trainconfig import TrainConfig
-
-WORDS = ("the cat sat on a mat and the dog ran to its pet owner while kings and queens "
-         "talked of unbelievable things rethinking old ideas quickly").split()
-
-
-def synthetic_text(seed: int, n_docs: int, words_per_doc: int = 400) -> list[str]:
-    rng = random.Random(seed)
-    docs = []
-    for _ in range(n_docs):
-        sentences, n = [], 0
-        while n < words_per_doc:
-            k = rng.randint(4, 12)
-            sentences.append(" ".join(rng.choice(WORDS) for _ in range(k)).capitalize() + ".")
-            n += k
-        docs.append(" ".join(sentences))
-    return docs
-
-
-def tiny_config(data_dir: Path, **changes) -> ModelConfig:
-    V = TokenData(data_dir).vocab_size
-    return ModelConfig(**{**dict(vocab_size=V, n_embd=32, n_head=2, n_layer=2, block_size=32), **changes})
-
-
-def opts(**changes) -> TrainConfig:
-    base = dict(batch_size=4, micro_batch=2, seq_len=32, max_steps=8, eval_every=4, checkpoint_every=4,
-                warmup_steps=2, eval_windows=2, seed=7)
-    base.update(changes)
-    return TrainConfig(**base)
 
 
 def step_losses(run: Path) -> dict[int, float]:
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     return {r["step"]: r["loss"] for r in rows if "loss" in r and "eval" not in r}
-
-
-def quiet(*args, **kwargs):
-    pass
 
 
 def test_lines_written_beside_the_progress_bar_go_to_the_log_not_stdout(data_dir, tmp_path, capsys):
