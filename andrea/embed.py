@@ -10,7 +10,8 @@ h · row_i, h being the last hidden state after ln_f. The two are untied, so eve
 vectors, trained for different jobs, that need not agree.
 
 Geometry. For rows u and v: u·v = ‖u‖ ‖v‖ cos θ. The dot product is the unnormalised
-similarity that attention and the head compute; cos θ removes the lengths.
+similarity that attention and the head compute; cos θ removes the lengths. The arithmetic (cosine,
+nearest rows, what a zero row gives, how ties break) is andrea.vectors'.
 
 Looking up a word (`lookup`). A learner who types `king` means the word, and inside running text a
 word carries the space before it: `␣king` is a different token from the word-internal piece `king`
@@ -22,8 +23,7 @@ word carries the space before it: `␣king` is a different token from the word-i
 When the text looked up is not one token, it is represented by the mean of its tokens' rows, and
 every result built on such a mean says so. Every result names the form it used.
 
-Whole words. A neighbour list can be limited to whole-word tokens: word-initial tokens made of a
-space and letters only (`␣father`, not `ing`, `␣,` or a byte).
+Whole words. A neighbour list can be limited to whole-word tokens (andrea.vectors.whole_word_mask).
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ import torch
 from andrea.config import BOS, N_SPECIAL, check_seed, get_preset
 from andrea.errors import AndreaError
 from andrea.tokenizer import label_bytes
+from andrea.vectors import cosine_matrix, nearest, vector_stats, whole_word_mask
 
 TABLES = ("input", "output")
-METRICS = ("cos", "dot")
 DEFAULT_DISTANCES = (1, 8, 64, 512)
 
 POSITION_NOTES = {
@@ -267,13 +267,6 @@ def lookup(tokenizer, query: str, vocab_size: int, bare: bool = False) -> Lookup
     return Lookup(query, ids, pieces, note, form, text)
 
 
-def whole_word_mask(tokenizer, vocab_size: int) -> np.ndarray:
-    """True for whole-word tokens: a space followed by letters only (see the module docstring)."""
-    mask = np.zeros(vocab_size, dtype=bool)
-    for i in range(N_SPECIAL, vocab_size):
-        piece = tokenizer.id_to_piece(i)
-        mask[i] = len(piece) > 1 and piece[0] == " " and piece[1:].isalpha()
-    return mask
 
 
 def word_vector(matrix: np.ndarray, lk: Lookup) -> np.ndarray:
@@ -281,13 +274,6 @@ def word_vector(matrix: np.ndarray, lk: Lookup) -> np.ndarray:
     return matrix[lk.ids].mean(axis=0)
 
 
-def vector_stats(u: np.ndarray, v: np.ndarray) -> dict:
-    """‖u‖, ‖v‖, u·v, cos θ and θ in degrees (θ is nan when a vector is zero)."""
-    u, v = np.asarray(u, dtype=np.float64), np.asarray(v, dtype=np.float64)
-    nu, nv, dot = float(np.linalg.norm(u)), float(np.linalg.norm(v)), float(u @ v)
-    cos = dot / (nu * nv) if nu > 0 and nv > 0 else float("nan")
-    angle = math.degrees(math.acos(max(-1.0, min(1.0, cos)))) if math.isfinite(cos) else float("nan")
-    return {"norm_u": nu, "norm_v": nv, "dot": dot, "cos": cos, "angle_deg": angle}
 
 
 def plane_coords(u: np.ndarray, v: np.ndarray) -> dict:
@@ -321,33 +307,11 @@ def _lookup_dict(lk: Lookup) -> dict:
             "single": lk.single, "label": lk.label, "note": lk.note}
 
 
-def scores(matrix: np.ndarray, vector: np.ndarray, metric: str) -> np.ndarray:
-    """Every row's similarity to vector: the dot product, or cos θ."""
-    if metric not in METRICS:
-        raise AndreaError(f"the metric must be one of {', '.join(METRICS)}, got {metric!r}.")
-    dots = matrix @ vector
-    if metric == "dot":
-        return dots
-    norms = np.linalg.norm(matrix, axis=1) * np.linalg.norm(vector)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(norms > 0, dots / norms, 0.0)
 
 
-def nearest(matrix: np.ndarray, vector: np.ndarray, k: int, metric: str = "cos", exclude=(),
-            only: np.ndarray | None = None) -> list[tuple[int, float]]:
-    """The k rows most similar to vector, best first (ties by lower id), leaving out `exclude`
-    and, when `only` (a boolean mask over rows) is given, every row it does not mark."""
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise AndreaError(f"the number of neighbours k must be an integer of at least 1, got {k!r}.")
-    s = scores(matrix, vector, metric)
-    keep = np.ones(len(s), dtype=bool) if only is None else np.asarray(only, dtype=bool).copy()
-    keep[list(exclude)] = False
-    ids = np.flatnonzero(keep)
-    order = ids[np.lexsort((ids, -s[ids]))][:k]
-    return [(int(i), float(s[i])) for i in order]
 
 
-def neighbors(model, tokenizer, word: str, k: int = 10, metric: str = "cos", which: str = "input",
+def neighbours(model, tokenizer, word: str, k: int = 10, metric: str = "cos", which: str = "input",
               bare: bool = False, whole_words: bool = False) -> dict:
     """The k tokens nearest to a token or word (its own tokens left out), optionally only among
     whole-word tokens; with the word's row norm."""
@@ -359,7 +323,7 @@ def neighbors(model, tokenizer, word: str, k: int = 10, metric: str = "cos", whi
     rows = nearest(m, vec, k, metric, exclude=set(lk.ids), only=only)
     return {"word": _lookup_dict(lk), "table": which, "metric": metric, "whole_words": whole_words,
             "norm": float(np.linalg.norm(vec)),
-            "neighbors": [{"id": i, "piece": tokenizer.id_to_piece(i), "score": s} for i, s in rows]}
+            "neighbours": [{"id": i, "piece": tokenizer.id_to_piece(i), "score": s} for i, s in rows]}
 
 
 def show_tokens(model, tokenizer, text: str, n_values: int = 6) -> list[dict]:
@@ -386,11 +350,6 @@ def position_rows(model) -> np.ndarray | None:
     return None
 
 
-def cosine_matrix(rows: np.ndarray) -> np.ndarray:
-    """cos θ between every pair of rows (a zero row has similarity 0 to everything)."""
-    norms = np.linalg.norm(rows, axis=1, keepdims=True)
-    unit = np.divide(rows, norms, out=np.zeros_like(rows), where=norms > 0)
-    return unit @ unit.T
 
 
 def similarity_at_distances(sim: np.ndarray, distances=DEFAULT_DISTANCES) -> dict[int, float]:

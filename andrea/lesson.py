@@ -42,12 +42,13 @@ import torch
 
 from andrea.config import get_preset, param_rows
 from andrea.data import TokenData
-from andrea.embed import forward_matrix, table, vector_stats
+from andrea.embed import forward_matrix, table
 from andrea.errors import AndreaError
 from andrea.files import read_json
 from andrea.snapshots import snapshot_steps
 from andrea.timeline import Timeline, row_updates
 from andrea.usage import data_usage
+from andrea.vectors import vector_stats
 from andrea.wordsim import (
     LESSON_PAIRS,
     PAIR_SETS,

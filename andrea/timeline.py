@@ -29,6 +29,7 @@ import numpy as np
 
 from andrea.errors import AndreaError
 from andrea.snapshots import FOLDER, TABLES, read_snapshot, snapshot_path, snapshot_steps
+from andrea.vectors import cosine, nearest, unit_rows
 from andrea.wordsim import PAIR_SETS, WordIndex, spearman, word_index
 
 WHY_UNSEEN = {
@@ -103,9 +104,6 @@ def _vec(m: np.ndarray, index: WordIndex, word: str) -> np.ndarray:
     return m[index.ids[word]].mean(axis=0)
 
 
-def _cos(u: np.ndarray, v: np.ndarray) -> float:
-    nu, nv = float(np.linalg.norm(u)), float(np.linalg.norm(v))
-    return float(u @ v) / (nu * nv) if nu > 0 and nv > 0 and math.isfinite(nu * nv) else float("nan")
 
 
 def _check_words(tl: Timeline, index: WordIndex, words) -> None:
@@ -129,7 +127,7 @@ def pair_series(tl: Timeline, pairs, table: str = "input", centre: bool = True) 
     for step in tl.steps:
         m = tl.matrix(step, table, centre)
         for a, b in pairs:
-            series[f"{a}·{b}"].append(_cos(_vec(m, index, a), _vec(m, index, b)))
+            series[f"{a}·{b}"].append(cosine(_vec(m, index, a), _vec(m, index, b)))
         snap = tl.snapshot(step)
         mean_cos.append(snap.meta.get("mean_cos", {}).get(table) if not centre else None)
     return {"steps": tl.steps, "table": table, "centred": centre, "series": series, "forms": forms(index, words),
@@ -167,14 +165,11 @@ def rho_series(tl: Timeline, sets, table: str = "input", centre: bool = True) ->
         rows = snap.tables[table].double().numpy()
         if centre:
             rows = rows - snap.means[table].double().numpy()
-        vecs = mean_rows @ rows
-        norms = np.linalg.norm(vecs, axis=1)
+        unit = unit_rows(mean_rows @ rows)
         for name in PAIR_SETS:
             ia = np.array([at[a] for a, _, _ in pairs[name]], dtype=np.int64)
             ib = np.array([at[b] for _, b, _ in pairs[name]], dtype=np.int64)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                cos = np.einsum("ij,ij->i", vecs[ia], vecs[ib]) / (norms[ia] * norms[ib])
-            cos = np.where(np.isfinite(cos), cos, 0.0)
+            cos = np.einsum("ij,ij->i", unit[ia], unit[ib])
             out[name]["rho"].append(spearman(cos, [r for _, _, r in pairs[name]]))
     return {"steps": tl.steps, "table": table, "centred": centre, "sets": out}
 
@@ -185,16 +180,12 @@ def neighbours_at(tl: Timeline, step: int, word: str, k: int = 10, table: str = 
     index = tl.index([word])
     _check_words(tl, index, [word])
     m = tl.matrix(step, table)
-    v = _vec(m, index, word)
-    cand = index.whole_words if whole_words else np.arange(tl.V)
-    cand = cand[tl.position[cand] >= 0]
-    cand = cand[~np.isin(cand, index.ids[word])]
-    rows = m[cand]
-    sims = rows @ v / np.maximum(np.linalg.norm(rows, axis=1) * np.linalg.norm(v), 1e-30)
-    top = np.argsort(-sims, kind="stable")[:k]
+    only = tl.position >= 0  # the kept rows: the others are NaN
+    if whole_words:
+        only &= np.isin(np.arange(tl.V), index.whole_words)
+    rows = nearest(m, _vec(m, index, word), k, "cos", exclude=set(index.ids[word]), only=only)
     return {"step": step, "word": word, "form": index.pieces[word], "table": table,
-            "neighbours": [{"id": int(cand[i]), "piece": tl.tokenizer.id_to_piece(int(cand[i])), "cos": float(sims[i])}
-                           for i in top]}
+            "neighbours": [{"id": i, "piece": tl.tokenizer.id_to_piece(i), "score": s} for i, s in rows]}
 
 
 def _procrustes(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -44,8 +44,9 @@ from pathlib import Path
 
 import numpy as np
 
-from andrea.config import BOS, N_SPECIAL
+from andrea.config import BOS
 from andrea.errors import AndreaError
+from andrea.vectors import cosine, unit_rows, whole_word_mask
 
 WORDSETS_PIP = ["gensim==4.4.0", "--platform", "manylinux_2_28_x86_64", "--python-version", "3.11",
                 "--implementation", "cp", "--abi", "cp311"]
@@ -206,9 +207,8 @@ def word_index(tokenizer, vocab_size: int, sets: WordSets | None, extra=LESSON_W
         words |= {w for q in sets.analogies for w in q}
     ids = {w: tokenizer.encode(" " + w, bos=False) for w in sorted(words)}
     pieces = {w: [tokenizer.id_to_piece(i) for i in t] for w, t in ids.items()}
-    whole = [i for i in range(N_SPECIAL, vocab_size)
-             if len(p := tokenizer.id_to_piece(i)) > 1 and p[0] == " " and p[1:].isalpha()]
-    return WordIndex(ids, pieces, np.array(whole, dtype=np.int64), vocab_size)
+    whole = np.flatnonzero(whole_word_mask(tokenizer, vocab_size)).astype(np.int64)
+    return WordIndex(ids, pieces, whole, vocab_size)
 
 
 # ---------------------------------------------------------------- the scores
@@ -225,10 +225,6 @@ def centred(matrix: np.ndarray) -> np.ndarray:
     return out
 
 
-def unit_rows(matrix: np.ndarray) -> np.ndarray:
-    """Rows scaled to length 1; a zero row stays zero (its cosine with anything is 0)."""
-    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
-    return matrix / np.where(norms > 0, norms, 1.0)
 
 
 def mean_pairwise_cosine(matrix: np.ndarray) -> float:
@@ -254,9 +250,6 @@ def _vector(matrix: np.ndarray, index: WordIndex, word: str) -> np.ndarray:
     return matrix[index.ids[word]].mean(axis=0)
 
 
-def _cos(u: np.ndarray, v: np.ndarray) -> float:
-    nu, nv = float(np.linalg.norm(u)), float(np.linalg.norm(v))
-    return float(u @ v) / (nu * nv) if nu > 0 and nv > 0 else 0.0
 
 
 def pair_scores(matrix: np.ndarray, index: WordIndex, pairs) -> dict:
@@ -264,7 +257,7 @@ def pair_scores(matrix: np.ndarray, index: WordIndex, pairs) -> dict:
     mean-of-pieces word, and for all; each with n and the null spread 1/√(n − 1)."""
     groups = {"single": ([], []), "pieces": ([], []), "all": ([], [])}
     for a, b, rating in pairs:
-        c = _cos(_vector(matrix, index, a), _vector(matrix, index, b))
+        c = cosine(_vector(matrix, index, a), _vector(matrix, index, b))
         for g in ("single" if index.single(a) and index.single(b) else "pieces", "all"):
             groups[g][0].append(c)
             groups[g][1].append(rating)
@@ -303,7 +296,7 @@ def lesson(matrix: np.ndarray, index: WordIndex) -> dict:
     out = {}
     for a, b in LESSON_PAIRS:
         u, v = _vector(matrix, index, a), _vector(matrix, index, b)
-        out[f"{a}·{b}"] = {"cos": _cos(u, v), "dot": float(u @ v), "single": index.single(a) and index.single(b)}
+        out[f"{a}·{b}"] = {"cos": cosine(u, v), "dot": float(u @ v), "single": index.single(a) and index.single(b)}
     return out
 
 

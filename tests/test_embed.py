@@ -19,7 +19,6 @@ from andrea.embed import (
     attention,
     attention_pattern,
     compare,
-    cosine_matrix,
     forward_matrix,
     generate_steps,
     lens_logits,
@@ -27,8 +26,7 @@ from andrea.embed import (
     logit_lens,
     lookup,
     map_points,
-    nearest,
-    neighbors,
+    neighbours,
     parameter_groups,
     pca_2d,
     plane_coords,
@@ -40,7 +38,6 @@ from andrea.embed import (
     similarity_at_distances,
     similarity_by_distance,
     tsne_2d,
-    vector_stats,
     write_projector,
 )
 from andrea.errors import AndreaError
@@ -48,6 +45,7 @@ from andrea.generate import generate_ids
 from andrea.model import ANDREA
 from andrea.positions import sinusoidal_table
 from andrea.tokenizer import HarrisTokenizer
+from andrea.vectors import cosine_matrix, nearest
 
 SEGMENTS = [" cat", " dog", " pet", "cat", " Tuesday", " the", "ing", " walk"]
 CAT, DOG, PET, CAT_BARE, TUESDAY, THE, ING, WALK = range(257, 257 + len(SEGMENTS))
@@ -95,19 +93,6 @@ def assert_png(path, min_side: int = 200) -> None:
 # ---------------------------------------------------------------- geometry
 
 
-def test_vector_stats_match_hand_computed_values():
-    u, v = np.array([3.0, 4, 0, 0]), np.array([4.0, 3, 0, 0])
-    s = vector_stats(u, v)
-    assert s["dot"] == pytest.approx(24.0)
-    assert s["norm_u"] == pytest.approx(5.0) and s["norm_v"] == pytest.approx(5.0)
-    assert s["cos"] == pytest.approx(0.96)
-    assert s["angle_deg"] == pytest.approx(math.degrees(math.acos(0.96)))
-    assert s["angle_deg"] == pytest.approx(16.26, abs=0.005)
-    assert vector_stats(np.array([1.0, 0]), np.array([0.0, 2]))["angle_deg"] == pytest.approx(90.0)
-    assert vector_stats(np.array([1.0, 1]), np.array([-2.0, -2]))["angle_deg"] == pytest.approx(180.0)
-    assert math.isnan(vector_stats(np.zeros(3), np.ones(3))["cos"])
-
-
 def test_compare_reads_the_input_table_and_the_head_separately(model, tok):
     r = compare(model, tok, " cat", " dog")
     assert r["a"]["ids"] == [CAT] and r["b"]["ids"] == [DOG]
@@ -119,7 +104,7 @@ def test_compare_reads_the_input_table_and_the_head_separately(model, tok):
     assert compare(model, tok, f"#{CAT}", f"#{DOG}")["input"] == r["input"]
 
 
-def test_neighbors_are_ordered_by_the_chosen_metric(model, tok):
+def test_neighbours_are_ordered_by_the_chosen_metric(model, tok):
     m = model.wte.weight.detach().double().numpy()
     # from cat (3, 4): cos ranks pet (1, 1), cos 7/(5√2) = 0.9899, above dog (4, 3), cos 0.96
     by_cos = nearest(m, m[CAT], k=3, metric="cos", exclude={CAT})
@@ -131,19 +116,19 @@ def test_neighbors_are_ordered_by_the_chosen_metric(model, tok):
     assert [i for i, _ in by_dot] == [DOG, PET] and by_dot[0][1] == pytest.approx(24.0)
     scores = [s for _, s in nearest(m, m[CAT], k=20, metric="cos")]
     assert scores == sorted(scores, reverse=True)
-    r = neighbors(model, tok, " cat", k=3)
-    assert CAT not in [n["id"] for n in r["neighbors"]]
-    assert r["neighbors"][0]["piece"] == " pet"
+    r = neighbours(model, tok, " cat", k=3)
+    assert CAT not in [n["id"] for n in r["neighbours"]]
+    assert r["neighbours"][0]["piece"] == " pet"
     with pytest.raises(AndreaError, match="k must be an integer of at least 1"):
         nearest(m, m[CAT], k=0)
 
 
-def test_neighbors_of_the_output_head(model, tok):
+def test_neighbours_of_the_output_head(model, tok):
     set_row(model.lm_head.weight, PET, [0, 3, 0.1])
-    out = neighbors(model, tok, " dog", k=model.config.vocab_size, which="output")["neighbors"]
+    out = neighbours(model, tok, " dog", k=model.config.vocab_size, which="output")["neighbours"]
     assert out[0]["id"] == PET and out[0]["score"] == pytest.approx(3 / math.sqrt(9.01))
     assert next(n["score"] for n in out if n["id"] == CAT) == pytest.approx(0.0)  # (1, 0) ⟂ (0, 2) in the head
-    inp = neighbors(model, tok, " dog", k=model.config.vocab_size, which="input")["neighbors"]
+    inp = neighbours(model, tok, " dog", k=model.config.vocab_size, which="input")["neighbours"]
     assert next(n["score"] for n in inp if n["id"] == CAT) == pytest.approx(0.96)  # but not in the input table
 
 
@@ -158,15 +143,15 @@ def test_plane_coordinates_keep_lengths_and_the_angle():
     assert pa @ pb == pytest.approx(a @ b)
 
 
-def test_neighbors_limited_to_whole_words(model, tok):
+def test_neighbours_limited_to_whole_words(model, tok):
     set_row(model.wte.weight, CAT_BARE, [3, 4.1])  # the bare piece "cat" would be the nearest of all
     set_row(model.wte.weight, ING, [3, 3.9])
-    every = neighbors(model, tok, "cat", k=3)["neighbors"]
+    every = neighbours(model, tok, "cat", k=3)["neighbours"]
     assert every[0]["id"] in (CAT_BARE, ING)
-    whole = neighbors(model, tok, "cat", k=model.config.vocab_size, whole_words=True)
-    pieces = [n["piece"] for n in whole["neighbors"]]
+    whole = neighbours(model, tok, "cat", k=model.config.vocab_size, whole_words=True)
+    pieces = [n["piece"] for n in whole["neighbours"]]
     assert sorted(pieces) == sorted([" dog", " pet", " Tuesday", " the", " walk"])  # not "cat", "ing" or bytes
-    assert whole["whole_words"] and whole["neighbors"][0]["piece"] == " pet"
+    assert whole["whole_words"] and whole["neighbours"][0]["piece"] == " pet"
     assert whole["norm"] == pytest.approx(5.0)
 
 
@@ -472,7 +457,7 @@ def run(capsys, *argv):
     return code, out, err
 
 
-def test_cli_compare_and_neighbors(checkpoint, capsys):
+def test_cli_compare_and_neighbours(checkpoint, capsys):
     code, out, _ = run(capsys, "embed", "compare", " cat", "dog", "--checkpoint", str(checkpoint))
     assert code == 0
     assert "24.0000" in out and "+0.9600" in out and "16.26" in out and "90.00" in out
@@ -523,7 +508,7 @@ def test_cli_words_in_their_word_initial_form(checkpoint, capsys):
     assert r["word"]["form"] == "bare" and r["word"]["ids"] == [CAT_BARE]
     code, out, _ = run(capsys, "embed", "neighbors", "cat", "--whole-words", "-k", "50", "--checkpoint", str(checkpoint), "--json")
     r = json.loads(out)
-    assert r["whole_words"] and len(r["neighbors"]) == 5 and all(n["piece"].startswith(" ") for n in r["neighbors"])
+    assert r["whole_words"] and len(r["neighbours"]) == 5 and all(n["piece"].startswith(" ") for n in r["neighbours"])
     code, out, _ = run(capsys, "embed", "compare", "cat", "Tuesday", "--checkpoint", str(checkpoint), "--json")
     r = json.loads(out)
     assert r["a"]["form"] == r["b"]["form"] == "word-initial" and r["b"]["ids"] == [TUESDAY]
@@ -557,7 +542,7 @@ def test_cli_attention_and_lens(tok, tmp_path, capsys):
 def test_library_errors_name_arguments_not_flags(model, tok):
     for call in (lambda: load_subject(), lambda: load_subject(checkpoint="x", preset="y"),
                  lambda: map_points(model, tok), lambda: map_points(model, tok, top=1),
-                 lambda: neighbors(model, tok, " cat", k=0), lambda: logit_lens(model, tok, " cat", k=0)):
+                 lambda: neighbours(model, tok, " cat", k=0), lambda: logit_lens(model, tok, " cat", k=0)):
         with pytest.raises(AndreaError) as e:
             call()
         assert "--" not in str(e.value) and not str(e.value).startswith("-")

@@ -93,7 +93,7 @@ def test_type_a_word_and_read_its_neighbours(browser, url, subject):
     assert shots.submit(browser, "token", "token-go") == "ready"
     lookup = shots.text_of(browser, "token-lookup")
     assert "␣cat" in lookup and "word-initial" in lookup
-    expected = embed.neighbors(subject.model, subject.tokenizer, "cat", 12, "cos", "input")["neighbors"]
+    expected = embed.neighbours(subject.model, subject.tokenizer, "cat", 12, "cos", "input")["neighbours"]
     items = by_css(browser, "#token-input-list li")
     assert [int(li.get_attribute("data-id")) for li in items] == [n["id"] for n in expected]
     assert items[0].text.startswith(embed.show_piece(expected[0]["piece"]))

@@ -67,7 +67,7 @@ def test_endpoints_return_what_the_library_returns(client, subject):
     code, r = post(client, "/api/token", {"word": "cat", "k": 5, "metric": "dot", "whole_words": True})
     assert code == 200
     for which in embed.TABLES:
-        assert r["neighbors"][which] == embed.neighbors(m, tok, "cat", 5, "dot", which, whole_words=True)["neighbors"]
+        assert r["neighbours"][which] == embed.neighbours(m, tok, "cat", 5, "dot", which, whole_words=True)["neighbours"]
     assert r["word"]["form"] == "word-initial" and r["word"]["text"] == " cat"
     code, r = post(client, "/api/compare", {"a": "cat", "b": "dog"})
     assert code == 200 and r == json.loads(json.dumps(embed.compare(m, tok, "cat", "dog")))
@@ -221,7 +221,7 @@ def test_the_uvicorn_server_on_loopback(subject, capfd):
         with httpx.Client(base_url=url, timeout=30) as c:
             assert "andrea lab" in c.get("/").text
             r = c.post("/api/token", json={"word": "cat", "k": 3})
-            assert r.status_code == 200 and len(r.json()["neighbors"]["input"]) == 3
+            assert r.status_code == 200 and len(r.json()["neighbours"]["input"]) == 3
             r = c.post("/api/attention", json={"prompt": "x" * 5000})
             assert r.status_code == 400 and "at most 2,000" in r.json()["error"]
             r = c.post("/api/token", content=b"x" * 100_000)

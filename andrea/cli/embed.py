@@ -131,15 +131,15 @@ def cmd_compare(args) -> int:
     return 0
 
 
-# ---------------------------------------------------------------- embed neighbors
+# ---------------------------------------------------------------- embed neighbours
 
 
-def cmd_neighbors(args) -> int:
-    from andrea.embed import neighbors, show_piece
+def cmd_neighbours(args) -> int:
+    from andrea.embed import neighbours, show_piece
 
     check_positive(args.k, "-k")
     subject = _subject(args)
-    r = neighbors(subject.model, subject.tokenizer, args.word, args.k, args.metric, args.table, args.bare,
+    r = neighbours(subject.model, subject.tokenizer, args.word, args.k, args.metric, args.table, args.bare,
                   args.whole_words)
     if args.json:
         print_json({"model": subject.name, **r})
@@ -150,7 +150,7 @@ def cmd_neighbors(args) -> int:
     by = "cos θ" if args.metric == "cos" else "dot product u·v"
     among = ", among whole-word tokens" if args.whole_words else ""
     print(f"nearest to {_describe(r['word'])}, in the {name}{among}, by {by} (row norm {r['norm']:.4f}):")
-    for rank, n in enumerate(r["neighbors"], 1):
+    for rank, n in enumerate(r["neighbours"], 1):
         print(f"{rank:>4}  {n['id']:>6}  {show_piece(n['piece']):<20}  {n['score']:+.4f}")
     return 0
 
@@ -450,7 +450,7 @@ def register(sub) -> None:
     c.add_argument("--bare", action="store_true", help=BARE_HELP)
     c.set_defaults(func=cmd_compare)
 
-    n = esub.add_parser("neighbors", parents=[common], help="the tokens nearest to a token or word")
+    n = esub.add_parser("neighbors", aliases=["neighbours"], parents=[common], help="the tokens nearest to a token or word")
     n.add_argument("word", help=WORD_HELP)
     n.add_argument("-k", type=int, default=10, help="how many (default 10)")
     n.add_argument("--metric", choices=["cos", "dot"], default="cos", help="cos θ (default) or the dot product")
@@ -459,7 +459,7 @@ def register(sub) -> None:
     n.add_argument("--bare", action="store_true", help=BARE_HELP)
     n.add_argument("--whole-words", action="store_true",
                    help="list only whole-word tokens (a space followed by letters), not pieces, bytes or punctuation")
-    n.set_defaults(func=cmd_neighbors)
+    n.set_defaults(func=cmd_neighbours)
 
     po = esub.add_parser("positions", parents=[common], help="similarity between positions, as a heatmap and figures")
     po.add_argument("--png", help="the heatmap's file (default embed-positions-<model>.png in the current folder)")

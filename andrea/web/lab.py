@@ -40,6 +40,7 @@ from andrea import embed
 from andrea.config import PRESETS
 from andrea.errors import AndreaError
 from andrea.files import parse_json
+from andrea.vectors import METRICS, whole_word_mask
 from andrea.web import lab_growth
 from andrea.web.common import MAX_K, MAX_WORD_CHARS, BadRequest, Fields, rounded
 from andrea.web.lab_growth import LESSON_PAIRS, GrowthViews
@@ -68,7 +69,7 @@ class LabViews:
 
     def info(self, f: Fields) -> dict:
         cfg = self.cfg
-        whole = embed.whole_word_mask(self.tok, cfg.vocab_size)
+        whole = whole_word_mask(self.tok, cfg.vocab_size)
         # the most used whole words (segments are numbered most used first), for the word box's list
         suggestions = [self.tok.id_to_piece(int(i))[1:] for i in np.flatnonzero(whole)[:400]]
         return {"model": self.subject.name, "config": cfg.to_dict(), "params": self.model.num_params(),
@@ -91,14 +92,14 @@ class LabViews:
     def token(self, f: Fields) -> dict:
         word = f.text("word", MAX_WORD_CHARS)
         bare, whole = f.flag("bare"), f.flag("whole_words")
-        metric = f.choice("metric", "cos", embed.METRICS)
+        metric = f.choice("metric", "cos", METRICS)
         k = f.integer("k", 10, 1, MAX_K)
         out = {}
         for which in embed.TABLES:
-            out[which] = embed.neighbors(self.model, self.tok, word, k, metric, which, bare, whole)
+            out[which] = embed.neighbours(self.model, self.tok, word, k, metric, which, bare, whole)
         return {"word": out["input"]["word"], "metric": metric, "whole_words": whole,
                 "norms": {w: out[w]["norm"] for w in embed.TABLES},
-                "neighbors": {w: out[w]["neighbors"] for w in embed.TABLES}}
+                "neighbours": {w: out[w]["neighbours"] for w in embed.TABLES}}
 
     def compare(self, f: Fields) -> dict:
         a, b = f.text("a", MAX_WORD_CHARS), f.text("b", MAX_WORD_CHARS)

@@ -107,7 +107,7 @@ function describeLookup(w) {
   return out;
 }
 
-function neighborList(list, items, metric) {
+function neighbourList(list, items, metric) {
   list.replaceChildren();
   const top = Math.max(...items.map((n) => Math.abs(n.score)), 1e-12);
   for (const n of items) {
@@ -130,8 +130,8 @@ DRAW.token = () => run("token", async () => {
     el("div", { text: `row norm ‖u‖: ${fmt(r.norms.input)} in the input table, ${fmt(r.norms.output)} in the output head` +
       (r.whole_words ? " · neighbours limited to whole-word tokens" : "") }));
   if (r.word.note) box.append(el("div", { class: "note", text: r.word.note }));
-  neighborList($("token-input-list"), r.neighbors.input, metric);
-  neighborList($("token-output-list"), r.neighbors.output, metric);
+  neighbourList($("token-input-list"), r.neighbours.input, metric);
+  neighbourList($("token-output-list"), r.neighbours.output, metric);
 });
 
 // ---------------------------------------------------------------- 3. compare
@@ -513,14 +513,14 @@ function moveMap() {
 function drawNeighbours(r) {
   const list = $("growth-neighbours");
   list.replaceChildren();
-  const top = Math.max(...r.neighbours.map((n) => Math.abs(n.cos)), 1e-12);
+  const top = Math.max(...r.neighbours.map((n) => Math.abs(n.score)), 1e-12);
   for (const n of r.neighbours) {
     const pick = el("button", { type: "button", title: `token ${n.id}: look it up`, onclick: () => {
       $("growth-word").value = n.piece.trim() || n.piece;
       growthRun(stepPanels);
     } }, piece(n.piece));
-    list.append(el("li", { "data-id": n.id }, pick, el("span", { class: "score", text: n.cos.toFixed(3) }),
-      el("span", { class: "bar", style: `width:${Math.round(80 * Math.abs(n.cos) / top)}px` })));
+    list.append(el("li", { "data-id": n.id }, pick, el("span", { class: "score", text: n.score.toFixed(3) }),
+      el("span", { class: "bar", style: `width:${Math.round(80 * Math.abs(n.score) / top)}px` })));
   }
   list.dataset.step = r.step;
   $("growth-word-note").textContent = `${r.word} → ${formText(r.form)} · ${TABLE_NAME[r.table]} at step ${r.step.toLocaleString("en")}, whole-word tokens`;
