@@ -55,8 +55,12 @@ WORDSETS_SHA256 = "91a7fa5e814e7b1bad4b2dffa8d62c1e55410d5cbdf930714c1997ffb4404
 WORDSETS_LICENCE = "LGPL-2.1 (gensim); SimLex-999 and WordSim-353 free for research, the analogy set Apache-2.0"
 WORDSET_FILES = {"simlex999": "simlex999.txt", "wordsim353": "wordsim353.tsv", "analogies": "questions-words.txt"}
 PAIR_SETS = ("simlex999", "wordsim353")
+# The lesson's words, defined here once: the lab (its Compare and Growth views get them from the
+# server), the lesson, the similarity report and the training log all read them from here.
 LESSON_WORDS = ("cat", "dog", "pet", "Tuesday", "xylophone")
-LESSON_PAIRS = (("cat", "dog"), ("cat", "pet"), ("cat", "Tuesday"), ("cat", "xylophone"))
+LESSON_RELATED = (("cat", "dog"), ("cat", "pet"))
+LESSON_UNRELATED = (("cat", "Tuesday"), ("cat", "xylophone"))
+LESSON_PAIRS = LESSON_RELATED + LESSON_UNRELATED
 
 
 # ---------------------------------------------------------------- the sets: fetch and read

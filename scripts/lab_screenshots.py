@@ -180,8 +180,10 @@ def show_each_view(driver, url: str, out_dir: Path | None = None, words=("cat", 
     def compare():
         open_view(driver, url, "compare")
         driver.find_element(By.ID, "compare-lesson").click()
-        return wait_for(driver, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#compare-results .card")) == 2
-                        and state(d, "compare"), 60, "the lesson's two comparisons")
+        from andrea.wordsim import LESSON_PAIRS
+
+        return wait_for(driver, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#compare-results .card")) == len(LESSON_PAIRS)
+                        and state(d, "compare"), 60, "the lesson's comparisons")
 
     step("compare", compare)
     step("map", lambda: (open_view(driver, url, "map"), submit(driver, "map", "map-go"))[1])

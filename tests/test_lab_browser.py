@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from andrea import embed
+from andrea.wordsim import LESSON_PAIRS
 
 _path = Path(__file__).resolve().parent.parent / "scripts" / "lab_screenshots.py"
 _spec = importlib.util.spec_from_file_location("lab_screenshots", _path)
@@ -140,7 +141,7 @@ def test_generate_shows_the_library_tokens_as_they_come(browser, url, subject):
 def test_every_view_loads(browser, url):
     states = shots.show_each_view(browser, url, words=("cat",), prompt="the cat sat on a mat")
     assert states == {v: "ready" for v in shots.VIEWS}
-    assert len(by_css(browser, "#compare-results .card")) == 2
+    assert len(by_css(browser, "#compare-results .card")) == len(LESSON_PAIRS)
     assert "cat·dog" in by_css(browser, "#compare-verdict")[0].get_attribute("textContent")  # the view is hidden now
     assert by_css(browser, "#map-plot .scatterlayer .point")
     assert by_css(browser, "#positions-heatmap .main-svg")
@@ -189,8 +190,8 @@ def test_the_growth_slider_changes_what_is_shown(browser, growth_url, growth_run
     names = [t.text for t in by_css(browser, "#growth-updates .legendtext")]
     assert names == [f"seen in the batches ({updates['groups']['seen']['tokens']})",
                      f"in no batch ({updates['groups']['unseen']['tokens']})"]
-    # the curves: two pairs inside the ±1/√d band, ρ on both sets, each with the step marked
-    assert [t.text for t in by_css(browser, "#growth-pairs .legendtext")] == ["cat·dog", "cat·Tuesday"]
+    # the curves: the lesson's pairs inside the ±1/√d band, ρ on both sets, each with the step marked
+    assert [t.text for t in by_css(browser, "#growth-pairs .legendtext")] == ["·".join(p) for p in LESSON_PAIRS]
     assert [t.text for t in by_css(browser, "#growth-rho .legendtext")] == ["SimLex-999 (n 8)", "WordSim-353 (n 6)"]
     assert "±1/√d = ±0.177" in shots.text_of(browser, "growth-pairs-note")
     assert len(by_css(browser, "#growth-pairs .shapelayer path")) == 2  # the band and the step's mark

@@ -12,16 +12,19 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
+import andrea.web
 from andrea import embed
 from andrea.cli import main
 from andrea.web import lab as web
 from andrea.web.lab import LabServer, create_app
+from andrea.wordsim import LESSON_PAIRS, LESSON_RELATED
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -91,6 +94,9 @@ def test_endpoints_return_what_the_library_returns(client, subject):
     assert len(r["heatmap"]) == m.config.block_size
     info = client.get("/api/info").json()
     assert info["config"]["n_embd"] == m.config.n_embd and "cat" in info["suggestions"]
+    # the page's lesson pairs are andrea.wordsim's, related first (lab.js keeps no copy)
+    assert info["lesson_pairs"] == [list(p) for p in LESSON_PAIRS] and info["lesson_related"] == len(LESSON_RELATED)
+    assert "Tuesday" not in (Path(andrea.web.__file__).parent / "static" / "lab.js").read_text()
 
 
 def test_generation_streams_the_library_tokens(client, subject):

@@ -17,7 +17,7 @@ from andrea.snapshots import snapshot_steps
 from andrea.timeline import WHY_UNSEEN, Timeline, aligned_map, neighbours_at, pair_series, rho_series, row_updates
 from andrea.web import lab_growth as web_growth
 from andrea.web.lab import create_app
-from andrea.wordsim import load_wordsets
+from andrea.wordsim import LESSON_PAIRS, load_wordsets
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -62,7 +62,7 @@ def test_the_view_describes_the_run(client, run, timeline):
     assert info["steps"] == snapshot_steps(run) == [0, 1, 2, 4, 8, 16]
     assert info["d"] == 32 and info["band"] == pytest.approx(1 / math.sqrt(32))
     assert info["V"] == info["rows"] == timeline.V and info["recipe"] == "v2"
-    assert info["lesson_pairs"] == [["cat", "dog"], ["cat", "Tuesday"]]
+    assert info["lesson_pairs"] == [list(p) for p in LESSON_PAIRS] and info["lesson_related"] == 2
     assert info["wordsets"] == {"fetched": True, "note": None}
     assert {"cat", "dog", "kings"} <= set(info["map_words"]) and len(info["map_words"]) == len(set(info["map_words"]))
 
@@ -73,7 +73,7 @@ def test_endpoints_return_what_the_timeline_computes(client, growth_run, timelin
     code, r = post(client, "/api/growth/neighbours", {"word": "dog", "step": 16, "table": "output", "whole_words": False})
     assert code == 200 and r == jsonish(neighbours_at(timeline, 16, "dog", 10, "output", False))
     code, r = post(client, "/api/growth/pairs", {})
-    assert code == 200 and r == jsonish(pair_series(timeline, [("cat", "dog"), ("cat", "Tuesday")]))
+    assert code == 200 and r == jsonish(pair_series(timeline, LESSON_PAIRS))
     code, r = post(client, "/api/growth/pairs", {"pairs": [["kings", "queens"]], "table": "output", "centred": False})
     raw = pair_series(timeline, [("kings", "queens")], "output", centre=False)
     assert code == 200 and r == jsonish(raw) and all(v is not None for v in r["mean_cos"])

