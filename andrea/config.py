@@ -129,6 +129,7 @@ class ParamRow:
     name: str
     shape: str
     count: int
+    key: str = ""  # a stable name for code: wte, wpe, embedding, attention, mlp, norms, lm_head, total
 
 
 def norm_params(cfg: ModelConfig) -> int:
@@ -142,16 +143,17 @@ def param_rows(cfg: ModelConfig) -> list[ParamRow]:
     wte = V * d
     wpe = T * d if cfg.pos == "learned" else 0
     rows = [
-        ParamRow("token embedding (wte)", f"{V:,} × {d:,}", wte),
-        ParamRow("position embedding (wpe)", f"{T:,} × {d:,}" if wpe else f"none ({cfg.pos})", wpe),
-        ParamRow("embedding layer (wte + wpe)", "", wte + wpe),
-        ParamRow("attention (wq, wk, wv, wo)", f"{L} × 4 × {d:,} × {d:,}", L * 4 * d * d),
-        ParamRow("MLP (fc1, fc2)", f"{L} × 2 × {4 * d:,} × {d:,}", L * 8 * d * d),
-        ParamRow(f"norms ({cfg.norm})", f"{2 * L + 1} × {norm_params(cfg) // d} × {d:,}", (2 * L + 1) * norm_params(cfg)),
-        ParamRow("output head (lm_head)", f"{V:,} × {d:,}", V * d),
+        ParamRow("token embedding (wte)", f"{V:,} × {d:,}", wte, "wte"),
+        ParamRow("position embedding (wpe)", f"{T:,} × {d:,}" if wpe else f"none ({cfg.pos})", wpe, "wpe"),
+        ParamRow("embedding layer (wte + wpe)", "", wte + wpe, "embedding"),
+        ParamRow("attention (wq, wk, wv, wo)", f"{L} × 4 × {d:,} × {d:,}", L * 4 * d * d, "attention"),
+        ParamRow("MLP (fc1, fc2)", f"{L} × 2 × {4 * d:,} × {d:,}", L * 8 * d * d, "mlp"),
+        ParamRow(f"norms ({cfg.norm})", f"{2 * L + 1} × {norm_params(cfg) // d} × {d:,}", (2 * L + 1) * norm_params(cfg),
+                 "norms"),
+        ParamRow("output head (lm_head)", f"{V:,} × {d:,}", V * d, "lm_head"),
     ]
     total = wte + wpe + L * 12 * d * d + (2 * L + 1) * norm_params(cfg) + V * d
-    rows.append(ParamRow("total", "", total))
+    rows.append(ParamRow("total", "", total, "total"))
     return rows
 
 

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from andrea.config import BOS, N_SPECIAL, check_seed, get_preset
+from andrea.config import BOS, N_SPECIAL, check_seed, get_preset, norm_params, param_rows
 from andrea.errors import AndreaError
 from andrea.tokenizer import label_bytes
 from andrea.vectors import cosine_matrix, nearest, vector_stats, whole_word_mask
@@ -167,28 +167,27 @@ class ParamGroup:
 
 def parameter_groups(model) -> list[ParamGroup]:
     """The embedding table of the specification (token, position, their total), then the blocks,
-    the final norm, the head and the total, counted from the model's own parameters."""
+    the final norm, the head and the total: andrea.config.param_rows regrouped (the blocks hold
+    attention, MLP and their two norms each), checked against the model's own parameter count."""
     cfg = model.config
-    d, V, T, L = cfg.n_embd, cfg.vocab_size, cfg.block_size, cfg.n_layer
-    counts = {"wte": 0, "wpe": 0, "h": 0, "ln_f": 0, "lm_head": 0}
-    for name, p in model.named_parameters():
-        head = name.split(".")[0]
-        if head not in counts:
-            raise AndreaError(f"the model has a parameter {name} that the lab does not know where to put.")
-        counts[head] += p.numel()
-    total = sum(counts.values())
-    wpe_shape = f"{T:,} × {d:,}" if cfg.pos == "learned" else f"none ({cfg.pos})"
-    per_block = counts["h"] // L if L else 0
-    rows = [
-        ("token embedding (wte)", f"{V:,} × {d:,}", counts["wte"], True),
-        ("position embedding (wpe)", wpe_shape, counts["wpe"], True),
-        ("embedding total", "", counts["wte"] + counts["wpe"], False),
-        ("transformer blocks", f"{L} × {per_block:,}", counts["h"], True),
-        ("final norm (ln_f)", f"{d:,}" + (" × 2" if cfg.norm == "layernorm" else ""), counts["ln_f"], True),
-        ("output head (lm_head)", f"{V:,} × {d:,}", counts["lm_head"], True),
+    rows = {r.key: r for r in param_rows(cfg)}
+    L, total = cfg.n_layer, rows["total"].count
+    counted = sum(p.numel() for p in model.parameters())
+    if counted != total:
+        raise AndreaError(f"the model has {counted:,} parameters but its config accounts for {total:,}; the lab "
+                          f"cannot say where they live.")
+    final_norm = norm_params(cfg)
+    blocks = rows["attention"].count + rows["mlp"].count + rows["norms"].count - final_norm
+    table = [
+        ("token embedding (wte)", rows["wte"].shape, rows["wte"].count, True),
+        ("position embedding (wpe)", rows["wpe"].shape, rows["wpe"].count, True),
+        ("embedding total", "", rows["embedding"].count, False),
+        ("transformer blocks", f"{L} × {blocks // L if L else 0:,}", blocks, True),
+        ("final norm (ln_f)", f"{cfg.n_embd:,}" + (" × 2" if cfg.norm == "layernorm" else ""), final_norm, True),
+        ("output head (lm_head)", rows["lm_head"].shape, rows["lm_head"].count, True),
         ("total", "", total, False),
     ]
-    return [ParamGroup(n, s, c, c / total, part) for n, s, c, part in rows]
+    return [ParamGroup(n, shape, c, c / total, part) for n, shape, c, part in table]
 
 
 # ---------------------------------------------------------------- tokens and words

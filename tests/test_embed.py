@@ -421,6 +421,22 @@ def test_parameter_groups_reproduce_the_specification():
     assert rope["position embedding (wpe)"] == 0
 
 
+@pytest.mark.parametrize("changes", [{}, {"pos": "rope"}, {"norm": "layernorm"}, {"n_layer": 3}])
+def test_parameter_groups_agree_with_the_models_own_parameters(changes):
+    """The groups come from the config (andrea.config.param_rows); counted here from the model's
+    named parameters instead, they must be the same."""
+    cfg = get_preset("andrea-cpu").replace(**changes)
+    with torch.device("meta"):
+        m = ANDREA(cfg)
+    by_head = {}
+    for name, p in m.named_parameters():
+        by_head[name.split(".")[0]] = by_head.get(name.split(".")[0], 0) + p.numel()
+    g = {r.name: r.count for r in parameter_groups(m)}
+    assert g["token embedding (wte)"] == by_head["wte"] and g["position embedding (wpe)"] == by_head.get("wpe", 0)
+    assert g["transformer blocks"] == by_head["h"] and g["final norm (ln_f)"] == by_head["ln_f"]
+    assert g["output head (lm_head)"] == by_head["lm_head"] and g["total"] == sum(by_head.values())
+
+
 def test_projector_export(model, tok, tmp_path):
     vectors, meta = write_projector(tmp_path / "proj", model, tok)
     rows = np.loadtxt(vectors, delimiter="\t")
