@@ -441,39 +441,3 @@ def _history(value, n: int, step: int, rerolls: int) -> list | None:
     return out
 
 
-def plot_curriculum(history: list[dict], path) -> None:
-    """A PNG with three panels over steps: cumulative pulls, rewards, and weights per source."""
-    if not history:
-        raise AndreaError("the curriculum history is empty; there is nothing to plot.")
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    from andrea.embed import plain_text
-
-    names = list(history[0]["weights"])
-    for h in history:
-        if h["source"] not in names:
-            names.append(h["source"])
-    steps = [h["step"] for h in history]
-    fig = Figure(figsize=(9, 8), dpi=100)
-    FigureCanvasAgg(fig)
-    ax_pulls, ax_reward, ax_weight = fig.subplots(3, 1, sharex=True)
-    for name in names:
-        counts, n = [], 0
-        for h in history:
-            n += h["source"] == name
-            counts.append(n)
-        line, = ax_pulls.plot(steps, counts, label=name)
-        mine = [(h["step"], h["reward"]) for h in history if h["source"] == name]
-        ax_reward.plot([s for s, _ in mine], [r for _, r in mine], ".", ms=3, color=line.get_color())
-        ax_weight.step(steps, [h["weights"].get(name, 0.0) for h in history], where="post", color=line.get_color())
-    ax_pulls.set_ylabel("pulls (cumulative)")
-    ax_pulls.legend(loc="upper left", fontsize="small")
-    ax_reward.set_ylabel("reward")
-    ax_weight.set_ylabel("weight")
-    ax_weight.set_ylim(0, 1)
-    ax_weight.set_xlabel("step")
-    ax_pulls.set_title("curriculum: which source each step drew from")
-    plain_text(fig)
-    fig.tight_layout()
-    fig.savefig(path, format="png")

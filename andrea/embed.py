@@ -266,13 +266,9 @@ def lookup(tokenizer, query: str, vocab_size: int, bare: bool = False) -> Lookup
     return Lookup(query, ids, pieces, note, form, text)
 
 
-
-
 def word_vector(matrix: np.ndarray, lk: Lookup) -> np.ndarray:
     """The row of a single token, or the mean of the rows of a word's tokens."""
     return matrix[lk.ids].mean(axis=0)
-
-
 
 
 def plane_coords(u: np.ndarray, v: np.ndarray) -> dict:
@@ -304,10 +300,6 @@ def compare(model, tokenizer, a: str, b: str, bare: bool = False) -> dict:
 def _lookup_dict(lk: Lookup) -> dict:
     return {"query": lk.query, "form": lk.form, "text": lk.text, "ids": lk.ids, "pieces": lk.pieces,
             "single": lk.single, "label": lk.label, "note": lk.note}
-
-
-
-
 
 
 def neighbours(model, tokenizer, word: str, k: int = 10, metric: str = "cos", which: str = "input",
@@ -347,8 +339,6 @@ def position_rows(model) -> np.ndarray | None:
     if pos == "sinusoidal":
         return model.pos_table.double().cpu().numpy()
     return None
-
-
 
 
 def similarity_at_distances(sim: np.ndarray, distances=DEFAULT_DISTANCES) -> dict[int, float]:
@@ -618,106 +608,3 @@ def write_projector(out_dir, model, tokenizer, which: str = "input") -> tuple[Pa
 
 
 # ---------------------------------------------------------------- plots
-
-
-def pyplot():
-    """matplotlib.pyplot on the Agg backend (no screen needed); the lab's and the experiments' plots use it."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def plain_text(fig):
-    """`fig`, with every text in it drawn as written: matplotlib reads a label with two `$` as
-    mathtext and fails on one it cannot parse, but a source's file name or a token is no formula."""
-    from matplotlib.text import Text
-
-    for text in fig.findobj(Text):
-        text.set_parse_math(False)
-    return fig
-
-
-def save_figure(fig, path) -> Path:
-    """Write `fig` to `path` (folders made), close it, and return the path; a failed write is one sentence."""
-    path = Path(path)
-    plain_text(fig)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path)
-    except OSError as e:
-        raise AndreaError(f"cannot write the picture {path} ({e.strerror}).") from None
-    finally:
-        pyplot().close(fig)
-    return path
-
-
-def plot_parameter_groups(groups: list[ParamGroup], path, title: str) -> Path:
-    plt = pyplot()
-    parts = [g for g in groups if g.part]
-    fig, ax = plt.subplots(figsize=(9, 4.2), dpi=100)
-    colors = ["C0", "C1", "0.6", "0.8", "C2"]
-    y = np.arange(len(parts))[::-1]
-    ax.barh(y, [g.count for g in parts], color=colors[: len(parts)])
-    for yi, g in zip(y, parts):
-        share = f"{100 * g.share:.1f}%" if g.share >= 0.001 else f"{100 * g.share:.3f}%"
-        ax.text(g.count, yi, f"  {g.count:,} ({share})", va="center", fontsize=9)
-    ax.set_yticks(y, [f"{g.name}\n{g.shape}" for g in parts], fontsize=9)
-    ax.set_xlim(0, max(g.count for g in parts) * 1.45)
-    ax.set_xlabel("parameters")
-    ax.xaxis.set_major_formatter(lambda v, _: f"{v / 1e6:g}M" if v else "0")
-    total = groups[-1].count
-    emb = next(g for g in groups if g.name == "embedding total")
-    ax.set_title(f"{title}\n{total:,} parameters; embedding layer {emb.count:,} ({100 * emb.share:.1f}%)", fontsize=10)
-    ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
-    return save_figure(fig, path)
-
-
-def plot_position_similarity(sim: np.ndarray, at: dict, path, title: str) -> Path:
-    plt = pyplot()
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.8), dpi=100, gridspec_kw={"width_ratios": [1.1, 1]})
-    im = ax.imshow(sim, cmap="RdBu_r", vmin=-1, vmax=1, interpolation="nearest")
-    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="cos θ")
-    ax.set_xlabel("position"), ax.set_ylabel("position")
-    ax.set_title("cosine similarity between positions", fontsize=10)
-    ks = np.arange(1, len(sim))
-    mean_by_k = np.array([np.diagonal(sim, k).mean() for k in ks])
-    ax2.plot(ks, mean_by_k, color="C0")
-    for k, v in at.items():
-        ax2.plot([k], [v], "o", color="C3")
-        ax2.annotate(f"{v:+.3f}", (k, v), textcoords="offset points", xytext=(4, 6), fontsize=8)
-    ax2.set_xscale("log"), ax2.axhline(0, color="0.5", lw=0.8)
-    ax2.set_xlabel("distance k (log scale)"), ax2.set_ylabel("mean cos θ(t, t + k)")
-    ax2.set_title("mean similarity by distance", fontsize=10), ax2.grid(alpha=0.3)
-    fig.suptitle(title, fontsize=11)
-    fig.tight_layout()
-    return save_figure(fig, path)
-
-
-def plot_map(points: list[dict], explained, path, title: str) -> Path:
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(8, 7), dpi=100)
-    xs, ys = [p["x"] for p in points], [p["y"] for p in points]
-    single = [p["single"] for p in points]
-    ax.scatter([x for x, s in zip(xs, single) if s], [y for y, s in zip(ys, single) if s], s=14, color="C0",
-               label="one token: its row")
-    if not all(single):
-        ax.scatter([x for x, s in zip(xs, single) if not s], [y for y, s in zip(ys, single) if not s], s=14,
-                   color="C1", label="a word of several tokens: the mean of their rows")
-        ax.legend(fontsize=8, loc="best")
-    fontsize = 9 if len(points) <= 60 else 7
-    for p in points:
-        ax.annotate(p["label"], (p["x"], p["y"]), textcoords="offset points", xytext=(3, 3), fontsize=fontsize)
-    if explained is not None:
-        ax.set_xlabel(f"PC 1 ({100 * explained[0]:.1f}% of variance)")
-        ax.set_ylabel(f"PC 2 ({100 * explained[1]:.1f}% of variance)")
-    else:
-        ax.set_xlabel("t-SNE 1"), ax.set_ylabel("t-SNE 2")
-    ax.axhline(0, color="0.85", lw=0.8), ax.axvline(0, color="0.85", lw=0.8)
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.2)
-    fig.tight_layout()
-    return save_figure(fig, path)

@@ -224,7 +224,7 @@ def repeated_ngram_share(text: str, n: int = 4) -> float:
 
 def _eval_at(metrics: Path, step: int) -> dict | None:
     """The evaluation logged at `step` in a run's metrics.jsonl (None when there is none)."""
-    from andrea.train import read_metrics
+    from andrea.metrics import read_metrics
 
     found = None
     for row in read_metrics(metrics):

@@ -46,7 +46,7 @@ import json
 import math
 import os
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,22 +58,20 @@ from andrea.checkpoint import load_checkpoint, save_checkpoint
 from andrea.config import BOS, ModelConfig, is_int, is_real
 from andrea.data import TokenData, check_validation, verify_shards
 from andrea.errors import AndreaError
+from andrea.evaluate import evaluate, token_byte_lengths
 from andrea.files import (
     FolderLock,
-    atomic_output,
     atomic_write_bytes,
     check_writable,
-    parse_json,
     remove_dead_temps,
-    write_error_reason,
 )
 from andrea.flops import flops_per_token, peak_flops
+from andrea.metrics import Meter, append_row
 from andrea.model import ANDREA
 from andrea.optim import lr_at, make_optimizer, param_names_in_order
+from andrea.plots import plot_curriculum, plot_losses
 from andrea.signals import Signals, is_main_process
 from andrea.trainconfig import TrainConfig
-
-LOG2 = math.log(2)
 
 
 @dataclass
@@ -394,7 +392,7 @@ class Run:
             row["grad_norm"] = grad_norm
         if state.curriculum is not None:
             row["weights"] = state.curriculum.weights
-        _append(self.metrics_path, row)
+        append_row(self.metrics_path, row)
         if bar is None:
             return
         post = {"loss": f"{loss:.3f}", "smma": f"{state.smma.value:.3f}", "tok/s": f"{meter.tokens_per_s:,.0f}"}
@@ -420,13 +418,10 @@ class Run:
         if self.any_rank(result is not None and not math.isfinite(result["all"]["loss"])):
             self.stop_on_bad_state(f"the validation loss became {result['all']['loss'] if result else 'NaN'} at step {step}")
         if self.master:
-            _append(self.metrics_path, {"step": step, "eval": result})
+            append_row(self.metrics_path, {"step": step, "eval": result})
             parts = "  ".join(f"{n} {m['bpb']:.3f}" for n, m in result.items() if n != "all")
             say(f"step {step:,}: val loss {result['all']['loss']:.4f}, {result['all']['bpb']:.4f} bits/byte  ({parts})")
-            try:
-                plot_losses(self.metrics_path, self.out / "loss.png")
-            except (ValueError, OSError) as e:
-                say(f"note: could not draw loss.png ({e})")
+            self.draw("loss.png", lambda: plot_losses(self.metrics_path, self.out / "loss.png"), say)
             self.plot_curriculum()
             self.observe(evaluation=True)
             self.score_similarity(step, say)
@@ -455,7 +450,7 @@ class Run:
             text = self.tokenizer.decode([i for i in ids if i != BOS])
             score, parts = coherence_score(text, auditor.lexicon)
             halt = auditor.add(score)
-            _append(self.metrics_path, {"step": step, "audit": {"score": score, "components": parts, "text": text}})
+            append_row(self.metrics_path, {"step": step, "audit": {"score": score, "components": parts, "text": text}})
             say(f"step {step:,}: sample audit {score:.0f}/100")
         if self.world > 1:
             t = torch.tensor([1.0 if halt else 0.0], device=self.device)
@@ -483,7 +478,7 @@ class Run:
         index, sets = self.scorer
         scores = brief(similarity(model_tables(self.model), index, sets))
         self.growth.seconds += time.perf_counter() - t0
-        _append(self.metrics_path, {"step": step, "similarity": scores, "growth_seconds": round(self.growth.seconds, 3)})
+        append_row(self.metrics_path, {"step": step, "similarity": scores, "growth_seconds": round(self.growth.seconds, 3)})
         s = scores["input_centred"]
         say(f"step {step:,}: word similarity, input table centred: SimLex-999 ρ {_fmt_rho(s['simlex999'])}, "
             f"WordSim-353 ρ {_fmt_rho(s['wordsim353'])}; cos cat·dog {s['cat_dog']:+.3f}, cat·Tuesday {s['cat_tuesday']:+.3f}")
@@ -530,10 +525,15 @@ class Run:
         final checkpoint fall on the same step)."""
         if self.state.curriculum is None or not self.state.curriculum.history or self.plotted_step == self.state.step:
             return
-        from andrea.curriculum import plot_curriculum
-
-        plot_curriculum(self.state.curriculum.history, self.out / "curriculum.png")
+        self.draw("curriculum.png", lambda: plot_curriculum(self.state.curriculum.history, self.out / "curriculum.png"))
         self.plotted_step = self.state.step
+
+    def draw(self, name: str, draw, say=None) -> None:
+        """Draw one of the run's pictures. Pictures are observers: a failure is a note, and training goes on."""
+        try:
+            draw()
+        except (AndreaError, ValueError, OSError) as e:
+            (say or self.log)(f"note: could not draw {name} ({str(e).rstrip('.')}); training goes on")
 
     def save(self, *names: str) -> Path | None:
         """Write the run's state to each of `names` in the run folder, once it is proven sound:
@@ -734,126 +734,7 @@ class Run:
             self.log(f"resuming {self.out} at step {self.state.step:,}")
 
 
-class Meter:
-    """Tokens/s and MFU over windows of about two seconds, with pauses taken out."""
-
-    def __init__(self, tokens_per_step: int, flops_per_token: float, peak: float | None):
-        self.tokens_per_step, self.fpt, self.peak = tokens_per_step, flops_per_token, peak
-        self.window_t, self.window_tokens = time.time(), 0
-        self.tokens_per_s, self.mfu = 0.0, None
-
-    def count(self, step: int) -> None:
-        self.window_tokens += self.tokens_per_step
-        now = time.time()
-        if now - self.window_t >= 2.0 or step == 1:
-            self.tokens_per_s = self.window_tokens / (now - self.window_t)
-            self.mfu = self.tokens_per_s * self.fpt / self.peak if self.peak else None
-            self.window_t, self.window_tokens = now, 0
-
-    @contextmanager
-    def paused(self):
-        start = time.time()
-        try:
-            yield
-        finally:
-            self.window_t += time.time() - start
-
-
 # ---------------------------------------------------------------- measuring
-
-
-def token_byte_lengths(tokenizer, vocab_size: int) -> torch.Tensor:
-    return torch.tensor([len(tokenizer.token_bytes(i)) for i in range(vocab_size)], dtype=torch.float64)
-
-
-@torch.no_grad()
-def evaluate(model, data: TokenData, seq_len: int, windows: int, micro_batch: int, byte_len: torch.Tensor,
-             device, autocast) -> dict:
-    """Validation loss (nats/token) and bits per byte, per source and over all of them."""
-    model.eval()
-    out, total_nats, total_bytes, total_tokens = {}, 0.0, 0.0, 0
-    for name in data.names:
-        x, y = data.val_windows(name, seq_len, windows)
-        nats = torch.zeros((), dtype=torch.float64, device=device)  # summed on the device, read once per source
-        for i in range(0, len(x), micro_batch):
-            xb, yb = x[i : i + micro_batch].to(device), y[i : i + micro_batch].to(device)
-            with autocast:
-                logits, _ = model(xb)
-            nats += torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), yb.flatten(), reduction="sum")
-        nats = nats.item()
-        nbytes = byte_len[y.flatten()].sum().item()
-        out[name] = {"loss": nats / y.numel(), "bpb": nats / (LOG2 * max(nbytes, 1)), "tokens": y.numel()}
-        total_nats, total_bytes, total_tokens = total_nats + nats, total_bytes + nbytes, total_tokens + y.numel()
-    out["all"] = {"loss": total_nats / total_tokens, "bpb": total_nats / (LOG2 * max(total_bytes, 1)), "tokens": total_tokens}
-    model.train()
-    return out
-
-
-def read_metrics(path: Path) -> list[dict]:
-    """The rows of a metrics.jsonl that are JSON objects, in order. A damaged line (cut off by a
-    crash, garbage, null) is left out: the file feeds pictures and summaries, never the run."""
-    rows = []
-    try:
-        with open(path, "rb") as f:
-            for line in f:
-                try:
-                    row = parse_json(line, str(path))
-                except AndreaError:
-                    continue
-                if isinstance(row, dict):
-                    rows.append(row)
-    except OSError:
-        pass
-    return rows
-
-
-def _finite_number(x) -> bool:
-    return is_real(x) and math.isfinite(x)
-
-
-def loss_curves(rows: list[dict]):
-    """(steps, losses, smoothed losses, {source: [(step, validation loss)]}) from the rows of a
-    metrics.jsonl; a row missing a number, or holding one of the wrong type, is left out."""
-    steps, loss, smma, ev = [], [], [], {}
-    for row in rows:
-        step = row.get("step")
-        if not is_int(step):
-            continue
-        if "eval" in row:
-            got = row["eval"]
-            if not isinstance(got, dict):
-                continue
-            for name, m in got.items():
-                if isinstance(m, dict) and _finite_number(m.get("loss")):
-                    ev.setdefault(str(name), []).append((step, m["loss"]))
-        elif _finite_number(row.get("loss")) and _finite_number(row.get("smma")):
-            steps.append(step), loss.append(row["loss"]), smma.append(row["smma"])
-    return steps, loss, smma, ev
-
-
-def plot_losses(metrics_path: Path, png_path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from andrea.embed import plain_text
-
-    steps, loss, smma, ev = loss_curves(read_metrics(metrics_path))
-    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
-    ax.plot(steps, loss, color="0.75", lw=0.8, label="train loss")
-    ax.plot(steps, smma, color="C0", lw=1.5, label="smoothed (SMMA)")
-    for i, (name, points) in enumerate(ev.items()):
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", ms=3, lw=1.2 if name != "all" else 2,
-                color="k" if name == "all" else f"C{i + 1}", label=f"val {name}")
-    ax.set_xlabel("step"), ax.set_ylabel("cross-entropy (nats/token)"), ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    ax.set_title("andrea training")
-    plain_text(fig)
-    fig.tight_layout()
-    with atomic_output(png_path) as tmp:
-        fig.savefig(tmp, format="png")
-    plt.close(fig)
 
 
 # ---------------------------------------------------------------- helpers of the run
@@ -892,14 +773,6 @@ def _fmt_time(seconds: float) -> str:
     m, s = divmod(int(seconds), 60)
     h, m = divmod(m, 60)
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
-
-
-def _append(path: Path, row: dict) -> None:
-    try:
-        with open(path, "a") as f:
-            f.write(json.dumps(row) + "\n")
-    except OSError as e:
-        raise AndreaError(f"could not add to {path} ({write_error_reason(e)}); training stopped.") from None
 
 
 def _finite(tensors) -> torch.Tensor:

@@ -10,8 +10,9 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from andrea.curriculum import Curriculum, clamp_weights, plot_curriculum, progress_reward_and_ema, reward_and_ema
+from andrea.curriculum import Curriculum, clamp_weights, progress_reward_and_ema, reward_and_ema
 from andrea.errors import AndreaError
+from andrea.plots import plot_curriculum
 from andrea.trainconfig import TrainConfig, apply_overrides
 
 

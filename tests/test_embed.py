@@ -30,9 +30,6 @@ from andrea.embed import (
     parameter_groups,
     pca_2d,
     plane_coords,
-    plot_map,
-    plot_parameter_groups,
-    plot_position_similarity,
     positions,
     show_tokens,
     similarity_at_distances,
@@ -43,6 +40,7 @@ from andrea.embed import (
 from andrea.errors import AndreaError
 from andrea.generate import generate_ids
 from andrea.model import ANDREA
+from andrea.plots import plot_map, plot_parameter_groups, plot_position_similarity
 from andrea.positions import sinusoidal_table
 from andrea.tokenizer import HarrisTokenizer
 from andrea.vectors import cosine_matrix, nearest

@@ -14,6 +14,7 @@ from andrea.cli import main
 from andrea.config import ModelConfig
 from andrea.data import TokenData, prepare
 from andrea.errors import AndreaError
+from andrea.evaluate import token_byte_lengths
 from andrea.experiments.positions import (
     SCHEMES,
     PositionsExperiment,
@@ -24,7 +25,6 @@ from andrea.experiments.positions import (
 )
 from andrea.model import ANDREA
 from andrea.tokenizer import HarrisTokenizer
-from andrea.train import token_byte_lengths
 
 WORDS = "the cat sat on a mat and the dog ran to its pet while kings and queens talked of old things".split()
 

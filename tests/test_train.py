@@ -20,7 +20,7 @@ from helpers import opts, quiet, tiny_config
 from andrea.checkpoint import load_checkpoint
 from andrea.cli import main
 from andrea.config import ModelConfig
-from andrea.data import HEADER, TokenData, open_shard
+from andrea.data import HEADER, open_shard
 from andrea.errors import AndreaError
 from andrea.train import train
 
@@ -74,11 +74,11 @@ def test_the_curriculum_plot_is_drawn_once_per_evaluation_and_on_a_signal(data_d
     """curriculum.png is drawn at each evaluation and by the final checkpoint, but not twice at the
     step where both fall (the final evaluation is at the last step); a run stopped by a signal has
     no final evaluation, so its checkpoint draws it."""
-    import andrea.curriculum
+    import andrea.train
 
     drawn = []
-    real = andrea.curriculum.plot_curriculum
-    monkeypatch.setattr(andrea.curriculum, "plot_curriculum", lambda history, path: (drawn.append(len(history)),
+    real = andrea.train.plot_curriculum
+    monkeypatch.setattr(andrea.train, "plot_curriculum", lambda history, path: (drawn.append(len(history)),
                                                                                         real(history, path)))
     cfg = tiny_config(data_dir)
     o = dict(max_steps=8, eval_every=4, checkpoint_every=100, sampling="ucb", curriculum={"reroll": (2, 4)})
@@ -171,27 +171,6 @@ def test_v3_learns_and_resumes_exactly(data_dir, tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
     lrs = [r["lr"] for r in rows if "lr" in r]
     assert lrs[0] == pytest.approx(0.5e-2) and lrs[-1] == pytest.approx(1e-2 * (1 / 12) / 0.5)
-
-
-def test_bits_per_byte_is_loss_over_bytes(data_dir, tmp_path):
-    """bpb = total nats / (ln 2 · bytes of the predicted tokens), checked by hand on one source."""
-    from contextlib import nullcontext
-
-    from andrea.model import ANDREA
-    from andrea.train import evaluate, token_byte_lengths
-
-    cfg = tiny_config(data_dir)
-    torch.manual_seed(0)
-    model = ANDREA(cfg)
-    data = TokenData(data_dir)
-    tok = data.load_tokenizer()
-    result = evaluate(model, data, 32, 2, 2, token_byte_lengths(tok, cfg.vocab_size), "cpu", nullcontext())
-    x, y = data.val_windows("alpha", 32, 2)
-    with torch.no_grad():
-        logits, _ = model(x)
-    nats = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="sum").item()
-    nbytes = sum(len(tok.token_bytes(int(i))) for i in y.flatten())
-    assert result["alpha"]["bpb"] == pytest.approx(nats / (np.log(2) * nbytes), rel=1e-6)
 
 
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(data_dir, tmp_path, monkeypatch):

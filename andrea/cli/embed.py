@@ -63,7 +63,8 @@ def _notes(*lks: dict) -> None:
 
 
 def cmd_table(args) -> int:
-    from andrea.embed import parameter_groups, plot_parameter_groups
+    from andrea.embed import parameter_groups
+    from andrea.plots import plot_parameter_groups
 
     subject = _subject(args, meta=True)
     groups = parameter_groups(subject.model)
@@ -159,7 +160,8 @@ def cmd_neighbours(args) -> int:
 
 
 def cmd_positions(args) -> int:
-    from andrea.embed import plot_position_similarity, positions
+    from andrea.embed import positions
+    from andrea.plots import plot_position_similarity
 
     subject = _subject(args)
     r = positions(subject.model)
@@ -188,8 +190,9 @@ def cmd_positions(args) -> int:
 
 
 def cmd_map(args) -> int:
-    from andrea.embed import map_points, plot_map
+    from andrea.embed import map_points
     from andrea.errors import AndreaError
+    from andrea.plots import plot_map
 
     if args.words and args.top:
         raise AndreaError("give either words or --top N, not both.")

@@ -37,9 +37,9 @@ import torch.nn.functional as F
 
 from andrea.config import ModelConfig, get_preset
 from andrea.errors import AndreaError
+from andrea.evaluate import bits_per_byte, token_byte_lengths
 
 SCHEMES = ("learned", "sinusoidal", "rope", "none")
-LOG2 = math.log(2)
 
 
 @dataclass
@@ -129,7 +129,7 @@ def measure(model, windows: dict, seq_len: int, byte_len: torch.Tensor) -> dict:
     shuf_bytes = byte_len[windows["shuffled_y"]]
 
     def bpb(n, b):
-        return float(n.sum() / (LOG2 * max(float(b.sum()), 1.0)))
+        return bits_per_byte(float(n.sum()), float(b.sum()))
 
     return {
         "val_bpb": bpb(nats[:, :S], nbytes[:, :S]),
@@ -148,7 +148,7 @@ def measure(model, windows: dict, seq_len: int, byte_len: torch.Tensor) -> dict:
 def run_positions_experiment(exp: PositionsExperiment, log=print, progress: bool = True) -> dict:
     from andrea.checkpoint import load_model
     from andrea.data import TokenData
-    from andrea.train import token_byte_lengths, train
+    from andrea.train import train
     from andrea.trainconfig import TrainConfig
 
     exp.check()
@@ -222,7 +222,7 @@ def markdown_table(summary: dict) -> str:
 
 
 def plot_positions(summary: dict, path) -> Path:
-    from andrea.embed import pyplot, save_figure
+    from andrea.plots import pyplot, save_figure
 
     plt = pyplot()
     rows, S = summary["rows"], summary["settings"]["seq_len"]

@@ -315,7 +315,7 @@ def write_results(summary: dict, out_dir) -> dict:
 def plot_sparse_updates(summary: dict, path) -> Path:
     """Per optimizer over the steps: ‖Δ‖ of present and absent rows, the share of absent rows that
     moved, and the share of head rows with a gradient."""
-    from andrea.embed import pyplot, save_figure
+    from andrea.plots import pyplot, save_figure
 
     plt = pyplot()
     fig, (ax, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 4.6), dpi=100)
