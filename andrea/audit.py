@@ -38,6 +38,7 @@ import math
 import re
 from collections import Counter
 
+from andrea.config import BOS
 from andrea.errors import AndreaError
 
 WEIGHTS = {"bigram_diversity": 0.3, "trigram_diversity": 0.2, "real_words": 0.3, "char_diversity": 0.2}
@@ -169,3 +170,15 @@ class AuditTracker:
             shown = "an integer of more than 30 digits" if isinstance(streak, int) and abs(streak) > 10**30 else repr(streak)[:60]
             raise AndreaError(f"its audit state field 'streak' is damaged (found {shown}).")
         return streak, [float(s) for s in scores]
+
+
+def make_auditor(cfg, data, tokenizer) -> AuditTracker | None:
+    """The audit of a run (`cfg`: its TrainConfig), its lexicon read from the data's training
+    text, or None when the audit is off."""
+    if not cfg.audit["enabled"]:
+        return None
+    tracker = AuditTracker(threshold=cfg.audit["threshold"], patience=cfg.audit["patience"])
+    # "real words" are the words of the training text (its first 200k tokens per source)
+    tracker.lexicon = build_lexicon(tokenizer.decode([int(t) for t in s.train[:200_000] if t != BOS])
+                                    for s in data.sources.values())
+    return tracker

@@ -441,3 +441,20 @@ def _history(value, n: int, step: int, rerolls: int) -> list | None:
     return out
 
 
+def pick_source(curriculum, names: list[str], share: dict, rng, step: int) -> str:
+    """The source of a step: the only one, the curriculum's pick, or a draw in proportion to
+    `share` with `rng` (a numpy Generator)."""
+    if len(names) == 1:
+        return names[0]
+    if curriculum is not None:
+        return curriculum.next_source(step)
+    total = sum(share[n] for n in names)
+    return names[int(rng.choice(len(names), p=[share[n] / total for n in names]))]
+
+
+def make_curriculum(cfg, names: list[str]) -> Curriculum | None:
+    """The curriculum of a run (`cfg`: its TrainConfig) over these sources, or None for
+    token-proportional sampling or a single source."""
+    if cfg.sampling == "proportional" or len(names) == 1:
+        return None
+    return cfg.make_curriculum(names)

@@ -7,9 +7,11 @@ loop prints is measured: loss, the smoothed (SMMA) loss, tokens/s, MFU, validati
 per byte per source.
 
 The file reads top down: `train` is the loop; `Run` holds the parts it drives (settings, data,
-model, optimizer) and does one step, one evaluation, one audit, one checkpoint each; `RunState`
-is everything that changes from step to step besides weights and optimizer, and is what a
-checkpoint saves and `--resume` restores, in one place.
+model, optimizer) and does one step, one evaluation, one audit, one checkpoint each. Beside it:
+andrea.runstate (everything that changes from step to step besides weights and optimizer: what a
+checkpoint saves and `--resume` restores), andrea.distributed (processes, DDP and FSDP),
+andrea.evaluate (bits per byte), andrea.metrics (metrics.jsonl), andrea.train_snapshots (the
+embedding observers) and andrea.plots (loss.png, curriculum.png).
 
 A run folder holds:
   latest.safetensors   the newest checkpoint (every `checkpoint_every` steps, at the end, on
@@ -50,13 +52,28 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
-from andrea.checkpoint import load_checkpoint, save_checkpoint
-from andrea.config import BOS, ModelConfig, is_int, is_real
+from andrea.audit import make_auditor
+from andrea.checkpoint import save_checkpoint
+from andrea.config import BOS, ModelConfig
+from andrea.curriculum import make_curriculum, pick_source
 from andrea.data import TokenData, check_validation, verify_shards
+from andrea.distributed import (
+    all_finite,
+    any_rank,
+    check_training_memory,
+    clip_gradients,
+    full_optim_state,
+    full_state,
+    grad_sync,
+    load_optimizer_state,
+    local_part,
+    pick_device,
+    setup_processes,
+    wrap_model,
+)
 from andrea.errors import AndreaError
 from andrea.evaluate import evaluate, token_byte_lengths
 from andrea.files import (
@@ -68,10 +85,12 @@ from andrea.files import (
 from andrea.flops import flops_per_token, peak_flops
 from andrea.metrics import Meter, append_row
 from andrea.model import ANDREA
-from andrea.optim import lr_at, make_optimizer, param_names_in_order
+from andrea.optim import lr_at, make_optimizer
 from andrea.plots import plot_curriculum, plot_losses
+from andrea.runstate import RunState, checkpoint_to_resume
 from andrea.signals import Signals, is_main_process
-from andrea.trainconfig import TrainConfig
+from andrea.train_snapshots import make_growth, score_similarity
+from andrea.trainconfig import TrainConfig, batch_split
 
 
 @dataclass
@@ -147,103 +166,6 @@ def _train(run: "Run", progress: bool, on_step, signals: Signals) -> RunResult:
 # ---------------------------------------------------------------- the run's state
 
 
-class SMMA:
-    """Smoothed moving average: s ← s + (x − s)/n with n growing to `window` (Wilder's SMMA)."""
-
-    def __init__(self, window: int = 100):
-        self.window, self.n, self.value = window, 0, float("nan")
-
-    def update(self, x: float) -> float:
-        self.n = min(self.n + 1, self.window)
-        self.value = x if self.n == 1 else self.value + (x - self.value) / self.n
-        return self.value
-
-    def state_dict(self) -> dict:
-        return {"window": self.window, "n": self.n, "value": self.value}
-
-    def load_state_dict(self, d: dict) -> None:
-        self.window, self.n, self.value = d["window"], d["n"], d["value"]
-
-
-class RunState:
-    """Everything of a run that changes from step to step, besides the weights and the optimizer:
-    the step, tokens seen, seconds trained, the smoothed loss, the lowest validation loss, the data order's
-    generator, the curriculum and the audit. `state_dict()` is what a checkpoint's metadata holds;
-    `load_state_dict()` is what `--resume` reads. A checkpoint converted from another format holds
-    only the step: the rest then starts afresh from the run's seed."""
-
-    def __init__(self, cfg: TrainConfig, curriculum=None, auditor=None):
-        self.step, self.tokens_seen, self.elapsed_before = 0, 0, 0.0
-        self.smma = SMMA(cfg.smma_window)
-        self.best_val_loss = float("inf")
-        self.evals_since_best = 0  # evaluations in a row that did not lower the validation loss
-        self.data_rng = np.random.default_rng(cfg.seed)
-        self.curriculum, self.auditor = curriculum, auditor
-
-    def state_dict(self, elapsed: float) -> dict:
-        d = {"step": self.step, "tokens_seen": self.tokens_seen, "best_val_loss": self.best_val_loss,
-             "evals_since_best": self.evals_since_best,
-             "smma": self.smma.state_dict(), "elapsed": elapsed, "data_rng": self.data_rng.bit_generator.state}
-        if self.curriculum is not None:
-            d["curriculum"] = self.curriculum.state_dict()
-        if self.auditor is not None:
-            d["audit"] = self.auditor.state_dict()
-        return d
-
-    def load_state_dict(self, meta: dict, where="the checkpoint") -> None:
-        """Restore from a checkpoint's metadata; every field is checked before any is taken."""
-        def bad(field, value):
-            raise AndreaError(f"{where}: its run state field {field!r} is damaged (found {str(value)[:60]!r}).")
-
-        step, tokens, waited = meta.get("step", 0), meta.get("tokens_seen", 0), meta.get("evals_since_best", 0)
-        best, elapsed = meta.get("best_val_loss", float("inf")), meta.get("elapsed", 0.0)
-        for field, value in (("step", step), ("tokens_seen", tokens), ("evals_since_best", waited)):
-            if not is_int(value) or value < 0:
-                bad(field, value)
-        if not is_real(best) or math.isnan(best) or best == -math.inf:
-            bad("best_val_loss", best)
-        if not is_real(elapsed) or not 0 <= elapsed < math.inf:
-            bad("elapsed", elapsed)
-        smma = meta.get("smma", self.smma.state_dict())
-        if (not isinstance(smma, dict) or not is_int(smma.get("window")) or smma["window"] < 1
-                or not is_int(smma.get("n")) or not 0 <= smma["n"] <= smma["window"] or not is_real(smma.get("value"))
-                or (smma["n"] > 0 and not math.isfinite(smma["value"]))):
-            bad("smma", smma)
-        parts = {}  # the curriculum's and the audit's state, checked against this run's sources
-        for field, part in (("curriculum", self.curriculum), ("audit", self.auditor)):
-            if part is not None and field in meta:
-                try:
-                    parts[field] = part.check_state(meta[field]) if field == "audit" else part.check_state(meta[field], step)
-                except AndreaError as e:
-                    raise AndreaError(f"{where}: {e}") from None
-        rng = np.random.default_rng()
-        if "data_rng" in meta:
-            try:
-                rng.bit_generator.state = meta["data_rng"]
-            except (TypeError, ValueError, KeyError, OverflowError):
-                bad("data_rng", meta["data_rng"])
-        if "rng_torch" in meta:
-            saved = torch.get_rng_state()
-            try:
-                torch.set_rng_state(meta["rng_torch"])
-            except (RuntimeError, TypeError):
-                bad("rng.torch", "a tensor torch does not accept")
-            finally:
-                torch.set_rng_state(saved)
-        # everything is well formed: take it
-        self.step, self.tokens_seen, self.best_val_loss, self.elapsed_before = step, tokens, float(best), float(elapsed)
-        self.evals_since_best = waited
-        self.smma.load_state_dict(smma)
-        if "data_rng" in meta:
-            self.data_rng = rng
-        if "curriculum" in parts:
-            self.curriculum.load_state_dict(meta["curriculum"], step)
-        if "audit" in parts:
-            self.auditor.streak, self.auditor.scores = parts["audit"]
-        if "rng_torch" in meta:
-            torch.set_rng_state(meta["rng_torch"])
-
-
 # ---------------------------------------------------------------- the run's parts
 
 
@@ -256,9 +178,9 @@ class Run:
         self.cfg = cfg = cfg.for_model(model_cfg.block_size)
         self.model_cfg, self.log, self.out = model_cfg, log, Path(out_dir)
         self.made_group = int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized()
-        self.rank, self.world = _dist_setup()
+        self.rank, self.world = setup_processes()
         self.master = self.rank == 0
-        self.device = _pick_device()
+        self.device = pick_device()
         self.fsdp = cfg.fsdp and self.world > 1
 
         # ---- everything a user can get wrong is checked before any work is done
@@ -272,8 +194,8 @@ class Run:
         self.names = self._source_names()
         check_validation(data, self.names, cfg.seq_len)
         verify_shards(data, log if self.master else None, save=self.master)
-        self.per_rank, self.micro, self.accum = _batch_split(cfg, self.world)
-        _check_training_memory(model_cfg, cfg, self.micro, self.device)
+        self.per_rank, self.micro, self.accum = batch_split(cfg, self.world)
+        check_training_memory(model_cfg, cfg, self.micro, self.device)
         self.lock = None
         if self.master:
             check_writable(self.out, "the run folder")
@@ -287,7 +209,7 @@ class Run:
             raise
 
     def _setup(self, model_cfg: ModelConfig, cfg: TrainConfig, data: TokenData, data_dir, resume: bool) -> None:
-        ckpt = self._checkpoint_to_resume() if resume else None
+        ckpt = checkpoint_to_resume(self.out, self.model_cfg, self.cfg, self.data) if resume else None
         if not resume and self.master and (self.out / "latest.safetensors").exists():
             raise AndreaError(f"{self.out} already holds a run; pass --resume to continue it or choose another --out.")
         # the last checkpoint known to be good: the one resumed from, then each one this run writes
@@ -298,16 +220,16 @@ class Run:
         self.model = ANDREA(model_cfg).to(self.device)
         if ckpt is not None:
             self.model.load_state_dict(ckpt.model_state)
-        self.train_model = self._distribute()
+        self.train_model = wrap_model(self.model, self.device, self.world, self.fsdp)
         self.optimizer = make_optimizer(self.train_model, cfg.recipe, cfg.resolved_lr(), cfg.weight_decay, self.device,
                                         muon_lr=cfg.muon_lr)
         if ckpt is not None and ckpt.optim_state is not None and ckpt.optim_state["state"]:
-            _load_optimizer_state(self.optimizer, ckpt.optim_state, self.train_model, cfg.recipe, self.fsdp,
+            load_optimizer_state(self.optimizer, ckpt.optim_state, self.train_model, cfg.recipe, self.fsdp,
                                   self.out / "latest.safetensors")
         self.forward = torch.compile(self.train_model) if cfg.compile else self.train_model
         self.autocast = torch.autocast("cuda", dtype=torch.bfloat16) if self.device.type == "cuda" else nullcontext()
         self.share = {n: w for n, w in data.token_share().items() if n in self.names}
-        self.state = RunState(cfg, _make_curriculum(cfg, self.names), _make_auditor(cfg, data, self.tokenizer))
+        self.state = RunState(cfg, make_curriculum(cfg, self.names), make_auditor(cfg, data, self.tokenizer))
         if ckpt is not None:
             self.state.load_state_dict(ckpt.meta, self.out / "latest.safetensors")
         self.growth, self.scorer = self._make_growth(ckpt)
@@ -346,7 +268,7 @@ class Run:
         for group in self.optimizer.param_groups:
             group["lr"] = lr * group.get("lr_scale", 1.0)
         # the global batch: one source, offsets from the shared generator, this rank's slice
-        source = _pick_source(state.curriculum, self.names, self.share, state.data_rng, state.step)
+        source = pick_source(state.curriculum, self.names, self.share, state.data_rng, state.step)
         offsets = self.data.sample_offsets(source, cfg.batch_size, cfg.seq_len, state.data_rng)
         mine = offsets[self.rank * self.per_rank : (self.rank + 1) * self.per_rank]
         loss_sum = torch.zeros((), device=self.device)
@@ -362,7 +284,7 @@ class Run:
         if self.growth is not None:
             self.growth.count(batches)  # once per step: a token counts once however many micro-batches held it
         clip = cfg.recipe != "v1" and cfg.grad_clip > 0
-        grad_norm = _clip(self.train_model, cfg.grad_clip, self.fsdp) if clip else None
+        grad_norm = clip_gradients(self.train_model, cfg.grad_clip, self.fsdp) if clip else None
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         loss, grad_norm, weights_finite = self._read_step(loss_sum / self.accum, grad_norm)
@@ -470,18 +392,8 @@ class Run:
 
     def score_similarity(self, step: int, say) -> None:
         """The word-similarity scores of both tables, into metrics.jsonl (see `andrea.wordsim`)."""
-        if self.scorer is None:
-            return
-        from andrea.wordsim import brief, model_tables, similarity
-
-        t0 = time.perf_counter()
-        index, sets = self.scorer
-        scores = brief(similarity(model_tables(self.model), index, sets))
-        self.growth.seconds += time.perf_counter() - t0
-        append_row(self.metrics_path, {"step": step, "similarity": scores, "growth_seconds": round(self.growth.seconds, 3)})
-        s = scores["input_centred"]
-        say(f"step {step:,}: word similarity, input table centred: SimLex-999 ρ {_fmt_rho(s['simlex999'])}, "
-            f"WordSim-353 ρ {_fmt_rho(s['wordsim353'])}; cos cat·dog {s['cat_dog']:+.3f}, cat·Tuesday {s['cat_tuesday']:+.3f}")
+        if self.scorer is not None:
+            score_similarity(self.model, self.scorer, self.growth, self.metrics_path, step, say)
 
     def _make_growth(self, ckpt):
         """The snapshot taker and the similarity scorer (index, sets) of this run, or None each."""
@@ -489,28 +401,8 @@ class Run:
             if self.cfg.snapshots and self.fsdp and self.master:
                 self.log("note: embedding snapshots are not taken under --fsdp (the tables are sharded).")
             return None, None
-        from andrea.snapshots import Growth, choose_rows
-        from andrea.wordsim import try_load_wordsets, word_index
-
-        V, d = self.model_cfg.vocab_size, self.model_cfg.n_embd
-        sets = try_load_wordsets()
-        index = word_index(self.tokenizer, V, sets)
-        counts = None
-        if V * d > (1 << 20):  # a large table keeps its most frequent rows: count a sample of the tokens
-            counts = np.zeros(V, dtype=np.int64)
-            for src in self.data.sources.values():
-                counts += np.bincount(np.asarray(src.train[: 10_000_000]), minlength=V)[:V]
-        rows, dtype = choose_rows(V, d, counts, index.rows(), self.cfg.snapshot_rows)
-        growth = Growth(self.out, V, d, rows, dtype, self.cfg.recipe, self.log, self.cfg.snapshot_mb)
-        if ckpt is not None:
-            growth.load_state_dict(ckpt.meta.get("growth", {"evals_seen": 0, "evals_kept": 0, "seen_ids": [],
-                                                            "seen_counts": [], "last_step": None}),
-                                   self.state.step, self.out / "latest.safetensors")
-        else:
-            self.log(growth.describe())
-        if sets is None:
-            self.log("note: word-similarity scores are off: the sets are not fetched (`andrea data fetch wordsets`).")
-        return growth, ((index, sets) if sets is not None else None)
+        return make_growth(self.cfg, self.model_cfg, self.tokenizer, self.data, self.out, self.log,
+                           ckpt, self.state.step)
 
     def checkpoint(self, final: bool = False) -> Path | None:
         """Save latest.safetensors (best.safetensors is written by `evaluate`). Every process takes
@@ -539,8 +431,8 @@ class Run:
         """Write the run's state to each of `names` in the run folder, once it is proven sound:
         finite weights and moments, and a finite loss on a validation window. Returns the first
         path (on the main process)."""
-        model_state = _full_state(self.model, self.fsdp)
-        optim_state = _full_optim_state(self.optimizer, self.train_model, self.cfg.recipe, self.fsdp)
+        model_state = full_state(self.model, self.fsdp)
+        optim_state = full_optim_state(self.optimizer, self.train_model, self.cfg.recipe, self.fsdp)
         if self.proven_step != self.state.step:  # nothing changes between saves at one step
             problem = self._state_problem(model_state, optim_state) if self.master else None
             if self.any_rank(problem is not None):
@@ -641,13 +533,6 @@ class Run:
 
         return tqdm(total=self.cfg.max_steps, initial=self.state.step, unit="step", dynamic_ncols=True, leave=True)
 
-    def any_rank(self, flag: bool) -> bool:
-        if self.world == 1:
-            return flag
-        t = torch.tensor([1.0 if flag else 0.0], device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return bool(t.item())
-
     def barrier(self) -> None:
         if self.world > 1:
             dist.barrier()
@@ -655,7 +540,7 @@ class Run:
     def _read_step(self, loss: torch.Tensor, grad_norm: torch.Tensor | None) -> tuple[float, float | None, bool]:
         """The step's loss (averaged over processes), its gradient norm and whether every process's
         weights are still finite, read from the device together: the step's only wait for it."""
-        finite = _finite(_local(p) for p in self.train_model.parameters()).to(loss.device)
+        finite = all_finite(local_part(p) for p in self.train_model.parameters()).to(loss.device)
         norm = grad_norm if grad_norm is not None else torch.zeros((), device=loss.device)
         values = torch.stack([loss.float(), norm.float().to(loss.device), (~finite).float()])
         if self.world > 1:
@@ -665,11 +550,10 @@ class Run:
         return loss_value, (norm_value if grad_norm is not None else None), bad == 0
 
     def _grad_sync(self, last: bool):
-        """Gradients are averaged over processes only on the last micro-batch of a step."""
-        if self.fsdp:
-            self.model.set_requires_gradient_sync(last)
-            return nullcontext()
-        return nullcontext() if (last or self.world == 1) else self.train_model.no_sync()
+        return grad_sync(self.model, self.train_model, self.fsdp, self.world, last)
+
+    def any_rank(self, flag: bool) -> bool:
+        return any_rank(flag, self.world, self.device)
 
     # ---- setup
 
@@ -682,44 +566,6 @@ class Run:
         if missing:
             raise AndreaError(f"source(s) {', '.join(missing)} are not in {self.data.dir}; it holds {', '.join(names)}.")
         return wanted
-
-    def _checkpoint_to_resume(self):
-        latest = self.out / "latest.safetensors"
-        if not latest.exists():
-            raise AndreaError(f"there is no checkpoint to resume from in {self.out}.")
-        ckpt = load_checkpoint(latest)
-        if ckpt.config != self.model_cfg:
-            raise AndreaError(f"{latest} was trained with another model config ({ckpt.config.to_dict()}); "
-                              f"resume with the same preset or config.")
-        saved = ckpt.meta.get("train", {})
-        for key in ("batch_size", "seq_len", "recipe", "sampling", "seed"):
-            if key in saved and saved[key] != getattr(self.cfg, key):
-                raise AndreaError(f"{latest} was trained with {key} = {saved[key]!r}, not {getattr(self.cfg, key)!r}; "
-                                  f"resume with the same settings.")
-        if ckpt.meta.get("data_fingerprint") not in (None, self.data.manifest["tokenizer"]):
-            raise AndreaError(f"{latest} was trained on data made with another tokenizer than {self.data.dir}.")
-        if ckpt.optim_state is not None and ckpt.optim_state["state"]:
-            _check_optimizer_fits(ckpt.optim_state, self.model_cfg, self.cfg.recipe, latest)
-        return ckpt
-
-    def _distribute(self):
-        model = self.model
-        if self.device.type == "cuda":
-            torch.backends.cuda.matmul.allow_tf32 = True
-            torch.backends.cudnn.allow_tf32 = True
-            model.vocab_multiple = 64
-        if self.world == 1:
-            return model
-        if self.fsdp:
-            from torch.distributed.fsdp import fully_shard
-
-            for block in model.h:  # FSDP2: each block's parameters, then the rest, sharded over the processes
-                fully_shard(block)
-            fully_shard(model)
-            return model
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        return DDP(model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
 
     def _describe(self, data_dir, resumed: bool) -> None:
         cfg, world = self.cfg, self.world
@@ -740,65 +586,10 @@ class Run:
 # ---------------------------------------------------------------- helpers of the run
 
 
-def _batch_split(cfg: TrainConfig, world: int) -> tuple[int, int, int]:
-    """(sequences per process, per micro-batch, micro-batches per step)."""
-    if cfg.batch_size % world:
-        raise AndreaError(f"batch_size {cfg.batch_size} does not split over {world} processes.")
-    per_rank = cfg.batch_size // world
-    micro = min(cfg.micro_batch or per_rank, per_rank)
-    if per_rank % micro:
-        raise AndreaError(f"the per-process batch {per_rank} is not a multiple of micro_batch {micro}.")
-    return per_rank, micro, per_rank // micro
-
-
-def _fmt_rho(rho) -> str:
-    return "n/a" if rho is None else f"{rho:+.3f}"
-
-
-def _check_training_memory(model_cfg: ModelConfig, cfg: TrainConfig, micro: int, device: torch.device) -> None:
-    """Refuse, before anything is built, a run whose model and micro-batch cannot fit: counted by
-    arithmetic (`andrea.config.training_bytes`), against the GPU's free memory or the machine's."""
-    from andrea.config import check_memory, training_bytes
-    from andrea.model import LOSS_CHUNK
-
-    cuda = device.type == "cuda"
-    need = training_bytes(model_cfg, micro, cfg.seq_len, LOSS_CHUNK if cuda else None)
-    have = torch.cuda.mem_get_info(device)[0] if cuda else None
-    check_memory(need, f"training this model on micro-batches of {micro:,} × {cfg.seq_len:,} tokens", "lower "
-                 "--batch-size, or give --micro-batch so that gradients accumulate over smaller batches, or choose a "
-                 "smaller model", have=have, where="the GPU" if cuda else "this machine")
-
-
 def _fmt_time(seconds: float) -> str:
     m, s = divmod(int(seconds), 60)
     h, m = divmod(m, 60)
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
-
-
-def _finite(tensors) -> torch.Tensor:
-    """Whether every value of every tensor is finite, as a tensor on their device (no wait for it)."""
-    flags = [torch.isfinite(t).all() for t in tensors]
-    return torch.stack(flags).all() if flags else torch.tensor(True)
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """This process's part of a (possibly FSDP-sharded) parameter."""
-    return t.to_local() if hasattr(t, "to_local") else t.detach()
-
-
-def _pick_source(curriculum, names: list[str], share: dict, rng: np.random.Generator, step: int) -> str:
-    if len(names) == 1:
-        return names[0]
-    if curriculum is not None:
-        return curriculum.next_source(step)
-    p = np.array([share[n] for n in names])
-    return names[int(rng.choice(len(names), p=p / p.sum()))]
-
-
-def _make_curriculum(cfg: TrainConfig, names: list[str]):
-    if cfg.sampling == "proportional" or len(names) == 1:
-        return None
-    return cfg.make_curriculum(names)
 
 
 def _write_beside(bar, log, message: str) -> None:
@@ -807,98 +598,3 @@ def _write_beside(bar, log, message: str) -> None:
         log(message)
 
 
-def _make_auditor(cfg: TrainConfig, data: TokenData, tokenizer):
-    if not cfg.audit["enabled"]:
-        return None
-    from andrea.audit import AuditTracker, build_lexicon
-
-    tracker = AuditTracker(threshold=cfg.audit["threshold"], patience=cfg.audit["patience"])
-    # "real words" are the words of the training text (its first 200k tokens per source)
-    tracker.lexicon = build_lexicon(tokenizer.decode([int(t) for t in s.train[:200_000] if t != BOS])
-                                    for s in data.sources.values())
-    return tracker
-
-
-# ---------------------------------------------------------------- processes: DDP and FSDP
-
-
-def _dist_setup():
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend)
-    if dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def _pick_device() -> torch.device:
-    if torch.cuda.is_available():
-        local = int(os.environ.get("LOCAL_RANK", "0"))
-        torch.cuda.set_device(local)
-        return torch.device("cuda", local)
-    return torch.device("cpu")
-
-
-def _clip(train_model, max_norm: float, fsdp: bool) -> torch.Tensor:
-    """Clip the gradients to max_norm; their total norm before clipping, left on the device."""
-    norm = torch.nn.utils.clip_grad_norm_(train_model.parameters(), max_norm)
-    return norm.full_tensor() if fsdp else norm
-
-
-def _full_options(**kw):
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
-
-    return StateDictOptions(full_state_dict=True, cpu_offload=True, **kw)
-
-
-def _full_state(model, fsdp: bool) -> dict:
-    if not fsdp:
-        return model.state_dict()
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict
-
-    return get_model_state_dict(model, options=_full_options())
-
-
-def _full_optim_state(optimizer, train_model, recipe: str, fsdp: bool) -> dict:
-    """The optimizer state as a plain single-process optimizer has it: keyed by index."""
-    if not fsdp:
-        return optimizer.state_dict()
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
-    full = get_optimizer_state_dict(train_model, optimizer, options=_full_options())
-    if not full:  # only rank 0 receives the gathered state
-        return {}
-    index = {n: i for i, n in enumerate(param_names_in_order(train_model, recipe))}
-    return {"state": {index[n]: v for n, v in full["state"].items()},
-            "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in full["param_groups"]]}
-
-
-def _check_optimizer_fits(state: dict, model_cfg: ModelConfig, recipe: str, path) -> None:
-    """The saved optimizer state belongs to this model and recipe: the same groups of the same
-    parameters. (Shapes, presence and finiteness were checked when the file was read.)"""
-    from andrea.model import meta_model
-    from andrea.optim import param_groups
-
-    ours = [len(g["names"]) for g in param_groups(meta_model(model_cfg), recipe)]
-    saved = [len(g["params"]) for g in state["param_groups"]]
-    if ours != saved:
-        raise AndreaError(f"{path} holds an optimizer state with parameter groups of sizes {saved}, but recipe {recipe} "
-                          f"on this model has {ours}; resume with the recipe it was trained with.")
-
-
-def _load_optimizer_state(optimizer, state: dict, train_model, recipe: str, fsdp: bool, path) -> None:
-    # the saved groups give only which parameters are where; the hyperparameters are this run's
-    ours = optimizer.state_dict()["param_groups"]
-    state = {"state": state["state"], "param_groups": [{**g, "params": s["params"]} for g, s in zip(ours, state["param_groups"])]}
-    if not fsdp:
-        try:
-            optimizer.load_state_dict(state)
-        except (ValueError, RuntimeError, KeyError, TypeError) as e:
-            raise AndreaError(f"the optimizer state in {path} does not fit this run ({str(e).splitlines()[0][:100]}).") from None
-        return
-    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
-
-    names = param_names_in_order(train_model, recipe)
-    keyed = {"state": {names[int(i)]: v for i, v in state["state"].items()},
-             "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]} for g in state["param_groups"]]}
-    set_optimizer_state_dict(train_model, optimizer, keyed, options=_full_options())

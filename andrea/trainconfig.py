@@ -421,3 +421,14 @@ def _source_entry(entry) -> dict:
         fraction(value, f"source {name}: {key}")
         out[key] = float(value)
     return out
+
+
+def batch_split(cfg: TrainConfig, world: int) -> tuple[int, int, int]:
+    """(sequences per process, per micro-batch, micro-batches per step)."""
+    if cfg.batch_size % world:
+        raise AndreaError(f"batch_size {cfg.batch_size} does not split over {world} processes.")
+    per_rank = cfg.batch_size // world
+    micro = min(cfg.micro_batch or per_rank, per_rank)
+    if per_rank % micro:
+        raise AndreaError(f"the per-process batch {per_rank} is not a multiple of micro_batch {micro}.")
+    return per_rank, micro, per_rank // micro

@@ -23,9 +23,9 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from andrea.config import PRESETS  # noqa: E402
+from andrea.distributed import all_finite as _finite  # noqa: E402
 from andrea.model import ANDREA  # noqa: E402
 from andrea.optim import make_optimizer  # noqa: E402
-from andrea.train import _finite  # noqa: E402
 
 
 def best_time(fn, device, reps: int) -> float:

@@ -121,7 +121,7 @@ def _groups_names(cfg: ModelConfig, recipe: str) -> list[list[str]]:
 def resume_meta(step: int, recipe: str) -> dict:
     """What `andrea train --resume` reads besides weights and optimizer, for a file that lacks it:
     the step and the recipe. The rest of the run's state (the smoothed loss, the data order, the
-    curriculum) then starts afresh from the run's seed, as `andrea.train.RunState` documents."""
+    curriculum) then starts afresh from the run's seed, as `andrea.runstate.RunState` documents."""
     return {"step": step, "train": {"recipe": recipe}}
 
 
