@@ -123,7 +123,7 @@ BAD = [
     ("/api/map", {"top": 10, "method": "umap"}, "method must be one of"),
     ("/api/params", {"preset": "../../etc/passwd"}, "preset must be one of"),
     ("/api/attention", {"prompt": "x" * 2001}, "at most 2,000"),
-    ("/api/attention", {"prompt": "the cat " * 40}, "at most 64"),
+    ("/api/attention", {"prompt": "the cat " * 40}, "more than this view's limit of 64 tokens"),
     ("/api/lens", {"prompt": "the cat sat", "k": 21}, "k must be an integer from 1 to 20"),
     ("/api/lens", {"prompt": None}, "prompt must be a non-empty string"),
     ("/api/generate", {"prompt": "the", "temperature": -1}, "temperature must be a number"),

@@ -48,7 +48,7 @@ import uuid
 from pathlib import Path
 
 from andrea.config import BOS, MAX_SEED, is_int, is_real
-from andrea.errors import AndreaError
+from andrea.errors import AndreaError, longer_than_context
 
 MAX_BODY = 262_144  # bytes of a request body
 BODY_SECONDS = 30.0  # a request body must arrive within this
@@ -495,8 +495,7 @@ class Served:
     def check_context(self, ids: list[int], param: str) -> list[int]:
         T = self.config.block_size
         if len(ids) > T:
-            raise ApiError(400, f"the prompt is {len(ids):,} tokens, more than this model's context of {T:,} tokens; "
-                                f"give a shorter prompt.", param, "context_length_exceeded")
+            raise ApiError(400, longer_than_context(len(ids), T), param, "context_length_exceeded")
         return ids
 
     def completion_ids(self, prompt) -> list[int]:

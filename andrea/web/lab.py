@@ -38,7 +38,7 @@ import numpy as np
 
 from andrea import embed
 from andrea.config import PRESETS
-from andrea.errors import AndreaError
+from andrea.errors import AndreaError, longer_than_context
 from andrea.files import parse_json
 from andrea.web import lab_growth
 from andrea.web.common import MAX_K, MAX_WORD_CHARS, BadRequest, Fields, rounded
@@ -133,7 +133,7 @@ class LabViews:
         n = len(self.tok.encode(prompt, bos=bos))
         limit = min(limit_tokens, self.cfg.block_size)
         if n > limit:
-            raise BadRequest(f"the prompt is {n} tokens; this view takes at most {limit}. Give a shorter prompt.")
+            raise BadRequest(longer_than_context(n, limit, whose="this view's limit"))
         return prompt, bos
 
     def attention(self, f: Fields) -> dict:
