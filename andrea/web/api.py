@@ -879,7 +879,7 @@ class ServeServer:
                  max_batch: int = 16, max_queue: int = 64, drain_seconds: float = 30.0):
         import uvicorn
 
-        from andrea.web.lab import bind, url_of
+        from andrea.web.http import bind, url_of
 
         self.sock = bind(host, port)
         address = self.sock.getsockname()[0]
