@@ -61,7 +61,10 @@ def logger(name: str):
 
 def _shown(value) -> str:
     """A value as a message quotes it: JSON, cut at 40 characters (a number may have thousands of digits)."""
-    return json.dumps(value)[:40]
+    try:
+        return json.dumps(value)[:40]
+    except ValueError:  # an integer past Python's limit on digits converted to text
+        return "a number too long to show"
 
 
 def check_text(value, name: str, limit: int | None = None) -> str:
