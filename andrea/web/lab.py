@@ -181,7 +181,7 @@ def _asset_bytes() -> dict[str, tuple[bytes, str]]:
     for name, kind in (("index.html", "text/html; charset=utf-8"), ("lab.js", "text/javascript; charset=utf-8"),
                        ("lab.css", "text/css; charset=utf-8"), ("favicon.svg", "image/svg+xml")):
         assets[name] = ((static / name).read_bytes(), kind)
-    import plotly
+    import plotly  # a heavy optional dependency: its bundle is read once, at start
 
     bundle = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
     try:
@@ -238,6 +238,7 @@ def _lines(name: str, steps):
 def _endpoint(name: str, compute, allowed: set[str], stream: bool = False):
     """The endpoint that reads a body's `allowed` fields and answers with compute(fields): JSON,
     or with stream a stream of JSON lines; bad input gets 400 and one sentence."""
+    # starlette: needed only to serve
     from starlette.concurrency import run_in_threadpool
     from starlette.responses import JSONResponse, StreamingResponse
 
@@ -261,6 +262,7 @@ def _endpoint(name: str, compute, allowed: set[str], stream: bool = False):
 
 def _page_routes(assets: dict) -> list:
     """The page and the files it loads, each under its one fixed name."""
+    # starlette: needed only to serve
     from starlette.responses import Response
     from starlette.routing import Route
 
@@ -280,7 +282,7 @@ def _page_routes(assets: dict) -> list:
 
 def _api_routes(views: LabViews, growth_views: GrowthViews) -> list:
     """/api/...: the model's views, then the Growth view's."""
-    from starlette.routing import Route
+    from starlette.routing import Route  # starlette: needed only to serve
 
     def route(path, name, method, owner, fields, stream=False):
         return Route(path, _endpoint(name, getattr(owner, name), fields[name], stream), methods=[method])
