@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from andrea.config import BOS, N_SPECIAL, check_seed, get_preset, norm_params, param_rows
-from andrea.errors import AndreaError
+from andrea.errors import AndreaError, longer_than_context
 from andrea.tokenizer import label_bytes
 from andrea.vectors import cosine_matrix, nearest, vector_stats, whole_word_mask
 
@@ -467,7 +467,7 @@ def encode_prompt(model, tokenizer, text: str, bos: bool = True) -> list[int]:
     ids = tokenizer.encode(text, bos=bos)
     T = model.config.block_size
     if len(ids) > T:
-        raise AndreaError(f"the prompt is {len(ids)} tokens but the context is {T}; give a shorter prompt.")
+        raise AndreaError(longer_than_context(len(ids), T))
     return ids
 
 

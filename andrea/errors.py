@@ -9,3 +9,9 @@ that sentence and exits with status 2; library callers can catch it like any exc
 
 class AndreaError(ValueError):
     pass
+
+
+def longer_than_context(n: int, limit: int, what: str = "prompt", whose: str = "the model's context") -> str:
+    """The one sentence for a prompt (or a sequence) of n tokens over the model's context of
+    `limit` tokens, or over a smaller limit that `whose` names ("this view's limit")."""
+    return f"the {what} is {n:,} tokens, more than {whose} of {limit:,} tokens; give a shorter {what}."

@@ -18,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from andrea.config import ModelConfig, check_memory, count_params, model_bytes
-from andrea.errors import AndreaError
+from andrea.errors import AndreaError, longer_than_context
 from andrea.positions import RotaryEmbedding, sinusoidal_table
 
 
@@ -284,9 +284,7 @@ class ANDREA(nn.Module):
         if ids.shape[1] == 0:
             raise AndreaError("the sequence is empty; give at least one token.")
         if start + ids.shape[1] > self.config.block_size:
-            raise AndreaError(
-                f"the sequence has {start + ids.shape[1]} positions but the context is {self.config.block_size}."
-            )
+            raise AndreaError(longer_than_context(start + ids.shape[1], self.config.block_size, "sequence"))
         if ids.device.type != "cpu":
             return  # a value check would stall the GPU every step; shards and prompts are checked on the CPU
         lo, hi = int(ids.min()), int(ids.max())

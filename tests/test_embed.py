@@ -237,7 +237,7 @@ def test_forward_matrix_of_the_other_schemes():
 
 
 def test_forward_matrix_refuses_text_longer_than_the_context(model):
-    with pytest.raises(AndreaError, match="context is 16"):
+    with pytest.raises(AndreaError, match="context of 16 tokens"):
         forward_matrix(model, [97] * 17)
 
 
@@ -307,7 +307,7 @@ def test_the_lens_after_the_last_block_is_the_models_own_logits(model, tok):
         if t + 1 < len(ids):
             assert cell["next_prob"] == pytest.approx(float(probs[t, ids[t + 1]]))
     assert last[-1]["next_prob"] is None
-    with pytest.raises(AndreaError, match="context is 16"):
+    with pytest.raises(AndreaError, match="context of 16 tokens"):
         logit_lens(model, tok, "x" * 20)
     with pytest.raises(AndreaError, match="empty"):
         attention(model, tok, "")
@@ -494,7 +494,7 @@ def test_cli_show_forward_and_export(checkpoint, capsys, tmp_path):
     assert code == 0 and "3 × 8 matrix enters block 1" in out
     assert np.load(npy).shape == (3, D)
     code, _, err = run(capsys, "embed", "forward", "x" * 40, "--checkpoint", str(checkpoint))
-    assert code == 2 and "context is 16" in err and "Traceback" not in err
+    assert code == 2 and "context of 16 tokens" in err and "Traceback" not in err
     code, out, _ = run(capsys, "embed", "export", "--projector", str(tmp_path / "p"), "--checkpoint", str(checkpoint))
     assert code == 0 and (tmp_path / "p" / "vectors.tsv").exists() and (tmp_path / "p" / "metadata.tsv").exists()
 

@@ -271,7 +271,7 @@ def test_configs_models_and_manifests_with_python_limits_end_in_one_sentence(dat
                          "--sources", '{"name": "north", "floor": ' + value + "}"], "--sources item")):
         line = one_sentence(*cli(capsys, *args)[::2])
         assert name in line and ("line 2" in line or name == "--sources item"), line
-    engine = subprocess.run([sys.executable, str(ROOT / "andrea" / "engine.py"), str(model)], capture_output=True,
+    engine = subprocess.run([sys.executable, str(ROOT / "andrea" / "stdlib_engine.py"), str(model)], capture_output=True,
                             text=True, timeout=60)
     assert engine.returncode == 2 and "Traceback" not in engine.stderr, engine.stderr[-2000:]
     assert engine.stderr.count("\n") == 1 and "m.json" in engine.stderr and "line 2" in engine.stderr
@@ -361,7 +361,7 @@ def test_release_folders_and_json_models_claiming_a_million_layers_are_refused_a
         start = time.time()
         line = one_sentence(*cli(capsys, "convert", src, tmp_path / "out.safetensors")[::2])
         assert time.time() - start < 10 and "1,000,000" in line, line
-    engine = subprocess.run([sys.executable, str(ROOT / "andrea" / "engine.py"), str(model)], capture_output=True,
+    engine = subprocess.run([sys.executable, str(ROOT / "andrea" / "stdlib_engine.py"), str(model)], capture_output=True,
                             text=True, timeout=60)
     assert engine.returncode == 2 and "1,000,000 layers" in engine.stderr and "Traceback" not in engine.stderr
 

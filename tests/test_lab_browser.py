@@ -158,7 +158,7 @@ def test_errors_are_shown_on_the_page(browser, url):
     shots.open_view(browser, url, "lens")
     shots.fill(browser, "lens-prompt", "the cat " * 40)
     assert shots.submit(browser, "lens", "lens-go") == "error"
-    assert "Give a shorter prompt" in shots.text_of(browser, "lens-error")
+    assert "give a shorter prompt" in shots.text_of(browser, "lens-error")
 
 
 def neighbour_ids(browser):

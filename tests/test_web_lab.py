@@ -129,13 +129,13 @@ BAD = [
     ("/api/map", {"top": 10, "method": "umap"}, "method must be one of"),
     ("/api/params", {"preset": "../../etc/passwd"}, "preset must be one of"),
     ("/api/attention", {"prompt": "x" * 2001}, "at most 2,000"),
-    ("/api/attention", {"prompt": "the cat " * 40}, "at most 64"),
+    ("/api/attention", {"prompt": "the cat " * 40}, "more than this view's limit of 64 tokens"),
     ("/api/lens", {"prompt": "the cat sat", "k": 21}, "k must be an integer from 1 to 20"),
     ("/api/lens", {"prompt": None}, "prompt must be a non-empty string"),
     ("/api/generate", {"prompt": "the", "temperature": -1}, "temperature must be a number"),
     ("/api/generate", {"prompt": "the", "temperature": float("inf")}, "temperature must be a number"),
     ("/api/generate", {"prompt": "the", "top_p": float("nan")}, "top_p must be a number"),
-    ("/api/generate", {"prompt": "the", "top_p": 0}, "top_p must be a number in (0.0, 1.0]"),
+    ("/api/generate", {"prompt": "the", "top_p": 0}, "top_p must be a number in (0, 1]"),
     ("/api/generate", {"prompt": "the", "max_new_tokens": 100_000}, "max_new_tokens must be an integer from 1 to 500"),
     ("/api/generate", {"prompt": "the", "top_k": 0}, "top_k must be an integer"),
 ]
@@ -152,13 +152,13 @@ def test_bad_values_get_one_json_sentence(client, capfd, path, body, message):
 
 
 def test_bodies_methods_and_paths(client, capfd):
-    r = client.post("/api/token", content=b"{not json")
+    r = client.post("/api/token", content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 400 and r.json()["error"] == "the request body is not valid JSON (Expecting property name enclosed in double quotes at line 1)."
-    r = client.post("/api/token", content=b"[1, 2]")
+    r = client.post("/api/token", content=b"[1, 2]", headers={"content-type": "application/json"})
     assert r.status_code == 400 and "JSON object" in r.json()["error"]
-    r = client.post("/api/token", content=b"\xff\xfe")
+    r = client.post("/api/token", content=b"\xff\xfe", headers={"content-type": "application/json"})
     assert r.status_code == 400
-    r = client.post("/api/token", content=b"{" + b" " * (web.MAX_BODY + 10) + b"}")
+    r = client.post("/api/token", content=b"{" + b" " * (web.MAX_BODY + 10) + b"}", headers={"content-type": "application/json"})
     assert r.status_code == 413 and "larger than" in r.json()["error"]
     assert client.get("/api/token").status_code == 405 and "not allowed" in client.get("/api/token").json()["error"]
     assert client.get("/api/info?file=/etc/passwd").status_code == 400
@@ -171,6 +171,18 @@ def test_bodies_methods_and_paths(client, capfd):
         assert "root:" not in r.text and "[project]" not in r.text, path
     out, err = capfd.readouterr()
     assert "Traceback" not in out + err
+
+
+def test_a_post_must_declare_json_and_null_reads_as_the_default(client):
+    """As `andrea serve` does: a POST not declared as JSON (a form a page elsewhere could send
+    without asking) is refused, an empty one has no fields, and a field given as null is absent."""
+    r = client.post("/api/token", content=b'{"word": "cat"}', headers={"content-type": "text/plain"})
+    assert r.status_code == 400 and "Content-Type: application/json" in r.json()["error"]
+    assert client.post("/api/token", content=b'{"word": "cat"}').status_code == 400
+    r = client.post("/api/params", content=b"", headers={"content-type": "application/json"})
+    assert r.status_code == 200 and r.json() == client.post("/api/params", json={}).json()
+    r = client.post("/api/token", json={"word": "cat", "k": None, "metric": None, "bare": None})
+    assert r.status_code == 200 and r.json() == client.post("/api/token", json={"word": "cat"}).json()
 
 
 def test_no_request_opens_a_file(client, monkeypatch):
@@ -230,7 +242,7 @@ def test_the_uvicorn_server_on_loopback(subject, capfd):
             assert r.status_code == 200 and len(r.json()["neighbours"]["input"]) == 3
             r = c.post("/api/attention", json={"prompt": "x" * 5000})
             assert r.status_code == 400 and "at most 2,000" in r.json()["error"]
-            r = c.post("/api/token", content=b"x" * 100_000)
+            r = c.post("/api/token", content=b"x" * 100_000, headers={"content-type": "application/json"})
             assert r.status_code == 413
         for path in ("/static/../../../../etc/passwd", "/static/..%2f..%2f..%2f..%2fetc%2fpasswd", "/../../etc/passwd",
                      "/static/%2e%2e%2f%2e%2e%2fpyproject.toml"):

@@ -204,7 +204,7 @@ BAD = [
     ("/api/growth/updates", {"start": 8, "end": 8}, "the interval must start before it ends, got steps 8 to 8"),
     ("/api/growth/updates", {"start": 8, "end": 4}, "the interval must start before it ends"),
     ("/api/growth/updates", {"start": 0, "end": 10**12}, "end must be an integer from 0 to 16"),
-    ("/api/growth/updates", {"start": None}, "start must be an integer"),
+    ("/api/growth/updates", {"start": "0"}, "start must be an integer"),
 ]
 
 
@@ -217,15 +217,20 @@ def test_bad_values_get_one_json_sentence(client, capfd, path, body, message):
     assert "Traceback" not in out + err
 
 
+def test_null_steps_read_as_their_defaults(client):
+    r = client.post("/api/growth/updates", json={"start": None, "end": None})
+    assert r.status_code == 200 and r.json() == client.post("/api/growth/updates", json={}).json()
+
+
 def test_bodies_methods_and_queries(client, capfd):
     from andrea.web.lab import MAX_BODY
 
-    r = client.post("/api/growth/map", content=b"{" + b" " * (MAX_BODY + 10) + b"}")
+    r = client.post("/api/growth/map", content=b"{" + b" " * (MAX_BODY + 10) + b"}", headers={"content-type": "application/json"})
     assert r.status_code == 413 and "larger than" in r.json()["error"]
     assert client.post("/api/growth").status_code == 405
     assert client.get("/api/growth/updates").status_code == 405
     assert client.get("/api/growth?run=/etc").status_code == 400
-    assert client.post("/api/growth/pairs", content=b"[1]").json() == {"error": "the request body must be a JSON object."}
+    assert client.post("/api/growth/pairs", content=b"[1]", headers={"content-type": "application/json"}).json() == {"error": "the request body must be a JSON object."}
     assert client.get("/api/growth/nothing").status_code == 404
     out, err = capfd.readouterr()
     assert "Traceback" not in out + err

@@ -18,7 +18,7 @@ def cmd_lab(args) -> int:
     print(f"andrea lab: {subject.name}")
     if subject.tokenizer_note:
         print(f"note: {subject.tokenizer_note}")
-    print(server.app.state.growth.summary())
+    print(server.growth.summary())
     if not server.loopback:
         print(f"note: listening on {args.host}: other machines that can reach it can use the lab.")
     print(f"open {server.url} in a browser (Ctrl-C stops the server)", flush=True)

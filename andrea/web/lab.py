@@ -20,17 +20,15 @@ endpoint under /api/ that calls the same `andrea.embed` functions the `andrea em
 Bad input (a body that is not a JSON object, an unknown field, a value of the wrong type or out of
 range, an oversized prompt, a word the library refuses) gets status 400 and {"error": sentence};
 an unknown path 404, a wrong method 405, an oversized body 413, all as JSON. A failure in the
-server itself gets 500 with one line on stderr, never a traceback.
+server itself gets 500 with one line on stderr, never a traceback. A POST must declare its body as
+JSON, and on a loopback address only requests whose Host header names this machine are answered
+(both as for `andrea serve`: the plumbing is `andrea.web.http`'s).
 """
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import math
-import socket
-import sys
-import threading
 from importlib import resources
 from pathlib import Path
 
@@ -38,11 +36,11 @@ import numpy as np
 
 from andrea import embed
 from andrea.config import PRESETS
-from andrea.errors import AndreaError
-from andrea.files import parse_json
+from andrea.errors import AndreaError, longer_than_context
 from andrea.vectors import METRICS, whole_word_mask
 from andrea.web import lab_growth
-from andrea.web.common import MAX_K, MAX_WORD_CHARS, BadRequest, Fields, rounded
+from andrea.web.common import MAX_K, MAX_WORD_CHARS, rounded
+from andrea.web.http import Fields, Guard, RequestError, UvicornServer, bind, logger, loopback_hosts, read_body
 from andrea.web.lab_growth import GrowthViews
 from andrea.wordsim import LESSON_PAIRS, LESSON_RELATED
 
@@ -112,9 +110,9 @@ class LabViews:
         which = f.choice("table", "input", embed.TABLES)
         bare = f.flag("bare")
         if f.body.get("words") is not None:
-            words = f.words("words", 2, MAX_WORDS)
+            words = f.words("words", 2, MAX_WORDS, MAX_WORD_CHARS, "a map")
             if "top" in f.body:
-                raise BadRequest("give either words or top, not both.")
+                raise RequestError("give either words or top, not both.")
             return embed.map_points(self.model, self.tok, words, None, which, bare, method)
         top = f.integer("top", 200, 2, MAX_TSNE if method == "tsne" else MAX_TOP)
         return embed.map_points(self.model, self.tok, None, top, which, bare, method)
@@ -136,7 +134,7 @@ class LabViews:
         n = len(self.tok.encode(prompt, bos=bos))
         limit = min(limit_tokens, self.cfg.block_size)
         if n > limit:
-            raise BadRequest(f"the prompt is {n} tokens; this view takes at most {limit}. Give a shorter prompt.")
+            raise RequestError(longer_than_context(n, limit, whose="this view's limit"))
         return prompt, bos
 
     def attention(self, f: Fields) -> dict:
@@ -155,9 +153,9 @@ class LabViews:
         settings = dict(
             max_new_tokens=f.integer("max_new_tokens", 40, 1, MAX_NEW_TOKENS),
             temperature=f.number("temperature", 1.0, 0.0, 10.0),
-            top_k=f.integer("top_k", None, 1, self.cfg.vocab_size, optional=True),
-            top_p=f.number("top_p", None, 0.0, 1.0, lo_open=True, optional=True),
-            seed=f.integer("seed", None, 0, 2**63 - 1, optional=True),
+            top_k=f.integer("top_k", None, 1, self.cfg.vocab_size),
+            top_p=f.number("top_p", None, 0.0, 1.0, lo_open=True),
+            seed=f.integer("seed", None, 0, 2**63 - 1),
             alternatives=f.integer("alternatives", 5, 1, 20),
         )
         return embed.generate_steps(self.model, self.tok, prompt, **settings)
@@ -186,7 +184,7 @@ def _asset_bytes() -> dict[str, tuple[bytes, str]]:
     for name, kind in (("index.html", "text/html; charset=utf-8"), ("lab.js", "text/javascript; charset=utf-8"),
                        ("lab.css", "text/css; charset=utf-8"), ("favicon.svg", "image/svg+xml")):
         assets[name] = ((static / name).read_bytes(), kind)
-    import plotly
+    import plotly  # a heavy optional dependency: its bundle is read once, at start
 
     bundle = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
     try:
@@ -207,39 +205,22 @@ SECURITY_HEADERS = {
 }
 
 
-def _log(message: str) -> None:
-    print(f"andrea lab: {message}", file=sys.stderr, flush=True)
+_log = logger("andrea lab")
 
 
 def _error(message: str, status: int = 400):
-    from starlette.responses import JSONResponse
+    from starlette.responses import JSONResponse  # starlette: needed only to serve
 
     return JSONResponse({"error": message}, status_code=status, headers=SECURITY_HEADERS)
 
 
 async def _read_body(request) -> dict:
-    """The request's JSON object ({} for a GET or an empty body), or BadRequest saying what is wrong."""
+    """The request's JSON object ({} for a GET), or RequestError saying what is wrong."""
     if request.method == "GET":
         if request.query_params:
-            raise BadRequest("this endpoint takes no query parameters.")
+            raise RequestError("this endpoint takes no query parameters.")
         return {}
-    declared = request.headers.get("content-length")
-    if declared is not None and (not declared.isdigit() or int(declared) > MAX_BODY):
-        raise BadRequest(f"the request body is larger than {MAX_BODY:,} bytes.", 413)
-    raw = b""
-    async for chunk in request.stream():
-        raw += chunk
-        if len(raw) > MAX_BODY:
-            raise BadRequest(f"the request body is larger than {MAX_BODY:,} bytes.", 413)
-    if not raw.strip():
-        return {}
-    try:
-        body = parse_json(raw, "the request body")
-    except AndreaError as e:  # not JSON, too deep, a number too long: one sentence, 400
-        raise BadRequest(str(e)) from None
-    if not isinstance(body, dict):
-        raise BadRequest("the request body must be a JSON object.")
-    return body
+    return await read_body(request, MAX_BODY)
 
 
 def _lines(name: str, steps):
@@ -260,6 +241,7 @@ def _lines(name: str, steps):
 def _endpoint(name: str, compute, allowed: set[str], stream: bool = False):
     """The endpoint that reads a body's `allowed` fields and answers with compute(fields): JSON,
     or with stream a stream of JSON lines; bad input gets 400 and one sentence."""
+    # starlette: needed only to serve
     from starlette.concurrency import run_in_threadpool
     from starlette.responses import JSONResponse, StreamingResponse
 
@@ -267,7 +249,7 @@ def _endpoint(name: str, compute, allowed: set[str], stream: bool = False):
         try:
             fields = Fields(await _read_body(request), allowed)
             result = await run_in_threadpool(compute, fields)
-        except BadRequest as e:
+        except RequestError as e:
             return _error(e.message, e.status)
         except AndreaError as e:
             return _error(str(e))
@@ -283,6 +265,7 @@ def _endpoint(name: str, compute, allowed: set[str], stream: bool = False):
 
 def _page_routes(assets: dict) -> list:
     """The page and the files it loads, each under its one fixed name."""
+    # starlette: needed only to serve
     from starlette.responses import Response
     from starlette.routing import Route
 
@@ -302,7 +285,7 @@ def _page_routes(assets: dict) -> list:
 
 def _api_routes(views: LabViews, growth_views: GrowthViews) -> list:
     """/api/...: the model's views, then the Growth view's."""
-    from starlette.routing import Route
+    from starlette.routing import Route  # starlette: needed only to serve
 
     def route(path, name, method, owner, fields, stream=False):
         return Route(path, _endpoint(name, getattr(owner, name), fields[name], stream), methods=[method])
@@ -315,14 +298,14 @@ def _api_routes(views: LabViews, growth_views: GrowthViews) -> list:
     return routes
 
 
-def create_app(subject: embed.Subject, allowed_hosts=None):
-    """The Starlette app for one loaded model. allowed_hosts, when given, refuses requests whose
-    Host header is not in it (the CLI passes the loopback names when serving on loopback). The
-    Growth view reads the snapshots of the run the subject's checkpoint belongs to, if any."""
+def create_app(subject: embed.Subject, allowed_hosts: set[str] | None = None):
+    """The ASGI app for one loaded model: Starlette routes inside a `Guard`. allowed_hosts, when
+    given, refuses requests whose Host header is not in it (`LabServer` passes the loopback names
+    when serving on loopback). The Growth view reads the snapshots of the run the subject's
+    checkpoint belongs to, if any; `state.growth` holds it."""
+    # starlette: needed only to serve
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
-    from starlette.middleware import Middleware
-    from starlette.middleware.trustedhost import TrustedHostMiddleware
 
     growth_views = GrowthViews(subject)
     routes = _page_routes(_asset_bytes()) + _api_routes(LabViews(subject), growth_views)
@@ -331,96 +314,24 @@ def create_app(subject: embed.Subject, allowed_hosts=None):
         messages = {404: f"there is nothing at {request.url.path!r}.", 405: f"{request.method} is not allowed here."}
         return _error(messages.get(exc.status_code, str(exc.detail)), exc.status_code)
 
-    async def server_error(request, exc: Exception):
-        _log(f"request to {request.url.path} failed: {type(exc).__name__}: {exc}")
+    async def server_error(request, exc: Exception):  # the Guard writes the log's one line
         return _error("the lab failed on this request; the server's log says more.", 500)
 
-    middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts))] if allowed_hosts else []
-    app = Starlette(routes=routes, middleware=middleware, exception_handlers={HTTPException: http_error, 500: server_error})
+    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error, 500: server_error})
     app.state.growth = growth_views
-    return app
+    return Guard(app, allowed_hosts, lambda e: {"error": e.message}, _log, SECURITY_HEADERS)
 
 
 # ---------------------------------------------------------------- serving
 
 
-def bind(host: str, port: int) -> socket.socket:
-    """A listening socket on host:port (port 0: any free port), or an AndreaError saying why not."""
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except socket.gaierror:
-        raise AndreaError(f"cannot resolve the host {host!r}.") from None
-    family, _, _, _, address = infos[0]
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind(address)
-    except OSError as e:
-        sock.close()
-        if e.errno == 98:
-            raise AndreaError(f"port {port} is already in use on {host}; give another port (0 picks a free one).") from None
-        raise AndreaError(f"cannot listen on {host}:{port} ({e.strerror}).") from None
-    sock.listen(128)
-    sock.setblocking(False)
-    return sock
-
-
-def is_loopback(sock: socket.socket) -> bool:
-    """Whether the socket listens on a loopback address (any of 127.0.0.0/8, ::1, ::ffff:127.x)."""
-    address = ipaddress.ip_address(sock.getsockname()[0].split("%")[0])
-    mapped = getattr(address, "ipv4_mapped", None)
-    return (mapped or address).is_loopback
-
-
-def loopback_names(sock: socket.socket, given: str) -> list[str]:
-    """The Host names a request to a lab on loopback may give: this machine's loopback names, the
-    address it listens on and the name it was given (as a Host header writes them, IPv6 in [])."""
-    bound = sock.getsockname()[0]
-    names = {"localhost", "127.0.0.1", "[::1]", bound if ":" not in bound else f"[{bound}]",
-             given if ":" not in given else f"[{given.strip('[]')}]"}
-    return sorted(n.lower() for n in names)
-
-
-def url_of(sock: socket.socket) -> str:
-    host, port = sock.getsockname()[:2]
-    return f"http://{'[' + host + ']' if ':' in host else host}:{port}/"
-
-
-class LabServer:
+class LabServer(UvicornServer):
     """A uvicorn server for the lab on one socket, run in the foreground (`serve_forever`) or in a
-    background thread (`start`, `stop`: the tests and the screenshot script)."""
+    background thread (`start`, `stop`: the tests and the screenshot script). On a loopback
+    address only requests that name this machine are answered (see `andrea.web.http`)."""
 
     def __init__(self, subject: embed.Subject, host: str = "127.0.0.1", port: int = 8000):
-        import uvicorn
-
-        self.sock = bind(host, port)
-        self.url = url_of(self.sock)
-        # on a loopback address (127.0.0.0/8, ::1), only requests that name this machine are
-        # answered: a web page elsewhere cannot reach the lab through a DNS name of its own that
-        # resolves to a loopback address (DNS rebinding)
-        self.loopback = is_loopback(self.sock)
-        self.app = create_app(subject, allowed_hosts=loopback_names(self.sock, host) if self.loopback else None)
-        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", access_log=False,
-                                                    timeout_graceful_shutdown=2))
-        self.thread: threading.Thread | None = None
-
-    def serve_forever(self) -> None:
-        self.server.run(sockets=[self.sock])
-
-    def start(self) -> str:
-        self.thread = threading.Thread(target=self.serve_forever, daemon=True)
-        self.thread.start()
-        import time
-
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise AndreaError("the lab server did not start.")
-            time.sleep(0.02)
-        return self.url
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        if self.thread is not None:
-            self.thread.join(timeout=10)
-        self.sock.close()
+        sock = bind(host, port)
+        app = create_app(subject, loopback_hosts(sock.getsockname()[0], host))
+        self.growth = app.state.growth
+        super().__init__(sock, app, timeout_graceful_shutdown=2)

@@ -24,7 +24,8 @@ from pathlib import Path
 from andrea.errors import AndreaError
 from andrea.snapshots import FOLDER, TABLES, snapshot_steps
 from andrea.timeline import Timeline, aligned_map, neighbours_at, pair_series, rho_series, row_updates
-from andrea.web.common import MAX_K, MAX_WORD_CHARS, BadRequest, Fields, finite
+from andrea.web.common import MAX_K, MAX_WORD_CHARS, finite
+from andrea.web.http import Fields, RequestError
 from andrea.wordsim import LESSON_PAIRS, LESSON_RELATED, LESSON_WORDS, try_load_wordsets
 
 MAX_PAIRS = 8  # pairs drawn over steps at once
@@ -89,7 +90,7 @@ class GrowthViews:
 
     def _live(self) -> Timeline:
         if self.timeline is None:
-            raise BadRequest(self.note)
+            raise RequestError(self.note)
         return self.timeline
 
     def _cached(self, key: tuple, compute) -> dict:
@@ -132,10 +133,10 @@ class GrowthViews:
         tl = self._live()
         pairs = f.body.get("pairs", [list(p) for p in LESSON_PAIRS])
         if not isinstance(pairs, list) or not all(isinstance(p, list) and len(p) == 2 for p in pairs):
-            raise BadRequest("pairs must be a list of [word, word] pairs.")
+            raise RequestError("pairs must be a list of [word, word] pairs.")
         if not 1 <= len(pairs) <= MAX_PAIRS:
-            raise BadRequest(f"the view draws 1 to {MAX_PAIRS} pairs, got {len(pairs)}.")
-        words = Fields({"words": [w for p in pairs for w in p]}, {"words"}).words("words", 2, 2 * MAX_PAIRS, "pairs")
+            raise RequestError(f"the view draws 1 to {MAX_PAIRS} pairs, got {len(pairs)}.")
+        words = Fields({"words": [w for p in pairs for w in p]}, {"words"}).words("words", 2, 2 * MAX_PAIRS, MAX_WORD_CHARS, "pairs")
         pairs = [tuple(words[i:i + 2]) for i in range(0, len(words), 2)]
         table, centred = f.choice("table", "input", TABLES), f.flag("centred", True)
         return self._cached(("pairs", tuple(pairs), table, centred), lambda: pair_series(tl, pairs, table, centred))
@@ -149,9 +150,9 @@ class GrowthViews:
 
     def growth_map(self, f: Fields) -> dict:
         tl = self._live()
-        words = f.words("words", 3, MAX_MAP_WORDS)
+        words = f.words("words", 3, MAX_MAP_WORDS, MAX_WORD_CHARS, "a map")
         if len(set(words)) != len(words):
-            raise BadRequest("each word may stand on the map once.")
+            raise RequestError("each word may stand on the map once.")
         table = f.choice("table", "input", TABLES)
         return self._cached(("map", tuple(words), table), lambda: aligned_map(tl, words, table))
 
@@ -159,6 +160,6 @@ class GrowthViews:
         tl = self._live()
         start, end = self._step(f, "start", 0), self._step(f, "end", tl.steps[-1])
         if start >= end:
-            raise BadRequest(f"the interval must start before it ends, got steps {start} to {end}.")
+            raise RequestError(f"the interval must start before it ends, got steps {start} to {end}.")
         table = f.choice("table", "input", TABLES)
         return finite(row_updates(tl, start, end, table))
