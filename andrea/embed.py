@@ -584,27 +584,3 @@ def preset_parameter_groups(name: str) -> list[ParamGroup]:
     cfg = get_preset(name)
     with torch.device("meta"):
         return parameter_groups(ANDREA(cfg))
-
-
-# ---------------------------------------------------------------- export
-
-
-def write_projector(out_dir, model, tokenizer, which: str = "input") -> tuple[Path, Path]:
-    """vectors.tsv (one row per token, tab-separated) and metadata.tsv (piece, id, kind, with a
-    header) for the TensorFlow Embedding Projector (projector.tensorflow.org, "Load")."""
-    out = Path(out_dir)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise AndreaError(f"cannot write to {out} ({e.strerror}).") from None
-    m = table(model, which)
-    vectors, meta = out / "vectors.tsv", out / "metadata.tsv"
-    np.savetxt(vectors, m, delimiter="\t", fmt="%.6g")
-    lines = ["piece\tid\tkind"]
-    for i in range(len(m)):
-        lines.append(f"{show_piece(tokenizer.id_to_piece(i))}\t{i}\t{token_kind(i)}")
-    meta.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return vectors, meta
-
-
-# ---------------------------------------------------------------- plots

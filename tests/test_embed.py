@@ -35,9 +35,9 @@ from andrea.embed import (
     similarity_at_distances,
     similarity_by_distance,
     tsne_2d,
-    write_projector,
 )
 from andrea.errors import AndreaError
+from andrea.formats.projector import write_projector
 from andrea.generate import generate_ids
 from andrea.model import ANDREA
 from andrea.plots import plot_map, plot_parameter_groups, plot_position_similarity

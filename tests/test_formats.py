@@ -610,3 +610,32 @@ def test_v3_bin_keeps_adamw_moments_and_zeros_for_muon_matrices(tmp_path, capsys
     opt = make_optimizer(model, "v3")
     opt.load_state_dict(b.optim_state)
     assert len(opt.state) == sum(1 for n, _ in model.named_parameters() if n not in muon)
+
+
+def test_the_projector_files_are_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    """A full disk while vectors.tsv is written: one sentence naming the file; the earlier export
+    stays as it was and no partial file or temporary is left."""
+    import andrea.files
+    from andrea.formats.projector import write_projector
+    from andrea.model import ANDREA
+    from andrea.tokenizer import HarrisTokenizer
+
+    tok = HarrisTokenizer([" cat", " dog"])
+    torch.manual_seed(0)
+    model = ANDREA(ModelConfig(vocab_size=tok.vocab_size, n_embd=8, n_head=2, n_layer=1, block_size=8))
+    vectors, meta = write_projector(tmp_path, model, tok)
+    before = vectors.read_bytes(), meta.read_bytes()
+    with torch.no_grad():
+        model.wte.weight.mul_(2)
+    real = andrea.files.replace_durably
+
+    def full(tmp, path):
+        if Path(path).name == "vectors.tsv":
+            raise OSError(28, "No space left on device")
+        return real(tmp, path)
+
+    monkeypatch.setattr(andrea.files, "replace_durably", full)
+    with pytest.raises(AndreaError, match=r"could not write .*vectors\.tsv \(No space left on device\)"):
+        write_projector(tmp_path, model, tok)
+    assert (vectors.read_bytes(), meta.read_bytes()) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metadata.tsv", "vectors.tsv"]

@@ -337,7 +337,7 @@ def cmd_lens(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from andrea.embed import write_projector
+    from andrea.formats.projector import write_projector
 
     subject = _subject(args)
     vectors, meta = write_projector(args.projector, subject.model, subject.tokenizer, args.table)
