@@ -1,5 +1,13 @@
+from pathlib import Path
+
 import pytest
 import torch
+from helpers import audited_train_args, documents, read_meta, root_train_args, short_documents, text_train_args
+
+from andrea.cli import main
+from andrea.config import ModelConfig, count_params
+from andrea.data import TokenData, prepare
+from andrea.tokenizer import HarrisTokenizer
 
 
 @pytest.fixture(scope="module")
@@ -147,3 +155,98 @@ def growth_run(tmp_path_factory):
         mp.setenv("ANDREA_CACHE", str(cache))
         run = train_tiny_run(root)
     return run, cache
+
+# ---------------------------------------------------------------- the hostile-input tests' runs
+
+
+@pytest.fixture(scope="session")
+def text_data(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("reliability")
+    (root / "text.txt").write_text("\n\n".join(documents(1, 60)))
+    tok = HarrisTokenizer.train(documents(2, 30), 20)
+    prepare(tok, [str(root / "text.txt")], root / "data", log=lambda *a: None, progress=False)
+    return root / "data"
+
+
+@pytest.fixture(scope="session")
+def text_model_json(text_data) -> Path:
+    path = text_data.parent / "model.json"
+    ModelConfig(vocab_size=TokenData(text_data).vocab_size, n_embd=32, n_head=2, n_layer=1, block_size=32).save(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def text_run(text_data, text_model_json, tmp_path_factory) -> Path:
+    """A real, healthy run of 4 steps: latest and best at step 4."""
+    out = tmp_path_factory.mktemp("run") / "r"
+    assert main(text_train_args(text_data, text_model_json, out)) == 0
+    return out
+
+
+@pytest.fixture
+def built_models():
+    """Parameter counts of every model built on a real device (not the meta device)."""
+    from andrea.model import ANDREA
+
+    built = []
+    real_init = ANDREA.__init__
+
+    def recording_init(self, cfg):
+        if torch.get_default_device().type != "meta":
+            built.append(count_params(cfg))
+        real_init(self, cfg)
+
+    ANDREA.__init__ = recording_init
+    yield built
+    ANDREA.__init__ = real_init
+
+
+@pytest.fixture(scope="session")
+def two_source_data(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("harden")
+    (root / "north.txt").write_text("\n\n".join(short_documents(1, 40)))
+    (root / "south.txt").write_text("\n\n".join(short_documents(3, 40)))
+    tok = HarrisTokenizer.train(short_documents(2, 30), 20)
+    prepare(tok, [str(root / "north.txt"), str(root / "south.txt")], root / "data", log=lambda *a: None, progress=False)
+    return root / "data"
+
+
+@pytest.fixture(scope="session")
+def two_source_model_json(two_source_data) -> Path:
+    path = two_source_data.parent / "model.json"
+    ModelConfig(vocab_size=TokenData(two_source_data).vocab_size, n_embd=32, n_head=2, n_layer=1, block_size=32).save(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def audited_run(two_source_data, two_source_model_json, tmp_path_factory) -> Path:
+    """A healthy run of 4 steps over two sources: its checkpoints hold a curriculum and an audit."""
+    out = tmp_path_factory.mktemp("run") / "r"
+    assert main([str(a) for a in audited_train_args(two_source_data, two_source_model_json, out)]) in (0, 3)
+    meta = read_meta(out / "latest.safetensors")
+    assert meta["curriculum"]["history"] and meta["audit"]["scores"]
+    return out
+
+
+@pytest.fixture(scope="session")
+def small_tokenizer(tmp_path_factory) -> Path:
+    return HarrisTokenizer.train(short_documents(2, 30), 20).save(tmp_path_factory.mktemp("tok") / "tok")
+
+
+@pytest.fixture(scope="session")
+def prepared_root(tmp_path_factory) -> Path:
+    """A text source, its tokenizer, its prepared data folder and a model config."""
+    prepared_root = tmp_path_factory.mktemp("hardening")
+    (prepared_root / "text.txt").write_text("\n\n".join(documents(1, 60)))
+    tok = HarrisTokenizer.train(documents(2, 30), 20)
+    tok.save(prepared_root / "tok")
+    prepare(tok, [str(prepared_root / "text.txt")], prepared_root / "data", log=lambda *a: None, progress=False)
+    ModelConfig(vocab_size=tok.vocab_size, n_embd=32, n_head=2, n_layer=1, block_size=32).save(prepared_root / "model.json")
+    return prepared_root
+
+
+@pytest.fixture(scope="session")
+def root_run(prepared_root) -> Path:
+    out = prepared_root / "run"
+    assert main([str(a) for a in root_train_args(prepared_root, out)]) == 0
+    return out

@@ -1,12 +1,16 @@
 """The `andrea` command's basics: params, presets, and the errors a user can cause."""
 
+import io
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from helpers import DEEP, LONG_INT, cli, one_sentence, text_train_args
 
 from andrea.cli import main
 from andrea.config import PRESETS, ModelConfig, count_params
@@ -132,3 +136,77 @@ def test_the_module_entry_point_prints_no_traceback():
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert "andrea-12m" in proc.stderr and proc.stdout == ""
+
+
+# ---------------------------------------------------------------- hostile input
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("args, words", [
+    (["generate", "--seed", str(2**70), "--prompt", "x"], "seed must be an integer in 0..2^64-1"),
+    (["generate", "--seed", "-1", "--prompt", "x"], "seed must be an integer in 0..2^64-1"),
+    (["train", "--seed", str(10**30)], "seed must be at most"),
+    (["train", "--batch-size", str(10**30)], "batch_size must be at most 1,048,576"),
+    (["train", "--micro-batch", str(2**64)], "micro_batch must be at most"),
+    (["experiment", "positions", "--lr", "nan"], "lr must be a positive finite number"),
+    (["experiment", "positions", "--lr", "inf"], "lr must be a positive finite number"),
+    (["experiment", "positions", "--seed", str(2**64)], "seed must be an integer in 0..2^64-1"),
+    (["experiment", "positions", "--batch-size", str(10**20)], "batch-size must be at most 1,048,576"),
+])
+def test_numbers_out_of_range_are_one_sentence(text_data, text_model_json, text_run, tmp_path, capsys, args, words):
+    if args[0] == "generate":
+        args = [*args, "--checkpoint", str(text_run)]
+    elif args[0] == "train":
+        args = [*text_train_args(text_data, text_model_json, tmp_path / "r"), *args[1:]]
+    else:
+        args = [*args, "--data", str(text_data), "--out", str(tmp_path / "x")]
+    code, _, err = cli(capsys, *args)
+    assert words in one_sentence(code, err)
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("bad", ["long", "deep"])
+def test_configs_models_and_manifests_with_python_limits_end_in_one_sentence(two_source_data, audited_run, tmp_path, capsys, bad):
+    """A model config, a training config, a data manifest, a JSON model (andrea and the pure-Python
+    engine) and a --sources item holding a 5,000-digit number or nesting 100,000 deep."""
+    value = LONG_INT if bad == "long" else DEEP
+    model_cfg = tmp_path / "model.json"
+    model_cfg.write_text('{"n_layer":\n' + value + "}")
+    train_cfg = tmp_path / "train.json"
+    train_cfg.write_text('{"max_steps":\n' + value + "}")
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "manifest.json").write_text('{"format": "andrea-shards",\n "version": ' + value + "}")
+    model = tmp_path / "m.json"
+    model.write_text('{"format": "andrea-json", "version": 1,\n "step": ' + value + "}")
+    for args, name in ((["params", "--config", model_cfg], "model.json"),
+                       (["train", "--config", train_cfg, "--out", tmp_path / "o"], "train.json"),
+                       (["train", "--data", data, "--out", tmp_path / "o2", "--max-steps", "1"], "manifest.json"),
+                       (["convert", model, tmp_path / "c.safetensors"], "m.json"),
+                       (["train", "--data", two_source_data, "--out", tmp_path / "o3", "--max-steps", "1",
+                         "--sources", '{"name": "north", "floor": ' + value + "}"], "--sources item")):
+        line = one_sentence(*cli(capsys, *args)[::2])
+        assert name in line and ("line 2" in line or name == "--sources item"), line
+    engine = subprocess.run([sys.executable, str(ROOT / "andrea" / "stdlib_engine.py"), str(model)], capture_output=True,
+                            text=True, timeout=60)
+    assert engine.returncode == 2 and "Traceback" not in engine.stderr, engine.stderr[-2000:]
+    assert engine.stderr.count("\n") == 1 and "m.json" in engine.stderr and "line 2" in engine.stderr
+
+@pytest.mark.hostile
+def test_names_and_words_that_are_not_utf8_print_under_a_strict_utf8_stdout(prepared_root, tmp_path, monkeypatch):
+    """A file name with the byte 0xE9 (Latin-1) reaches Python as a lone surrogate, which a strict
+    UTF-8 stdout (PYTHONIOENCODING=utf-8:strict) refuses: the output escapes it instead of ending
+    in a traceback; so does a word given on the command line with such a byte."""
+
+    name = os.fsdecode(b"caf\xe9.txt")
+    shutil.copy(prepared_root / "text.txt", tmp_path / name)
+    for args, shown in ((["prepare", tmp_path / name, "--tokenizer", prepared_root / "tok", "--out", tmp_path / "d", "--no-progress"],
+                         b"caf\\udce9"),
+                        (["embed", "neighbors", "--preset", "andrea-tiny", "--tokenizer", prepared_root / "tok", os.fsdecode(b"caf\xe9")],
+                         b"caf\\udce9")):
+        raw = io.BytesIO()
+        stdout = io.TextIOWrapper(raw, encoding="utf-8", errors="strict", write_through=True)
+        monkeypatch.setattr(sys, "stdout", stdout)
+        assert main([str(a) for a in args]) == 0
+        stdout.flush()
+        assert shown in raw.getvalue(), raw.getvalue()[-300:]
+        raw.getvalue().decode("utf-8")  # what was written is UTF-8

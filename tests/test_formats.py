@@ -7,17 +7,23 @@ import json
 import math
 import random
 import struct
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from helpers import ROOT, cli, one_sentence
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from safetensors.torch import save_file
 
 from andrea.checkpoint import load_checkpoint, save_checkpoint
 from andrea.cli import main
 from andrea.config import ModelConfig
+from andrea.data import prepare
 from andrea.errors import AndreaError
 from andrea.formats import adam_moments, convert, detect_format, read_model
 from andrea.formats.bin import read_bin
@@ -155,7 +161,6 @@ def test_bin_without_optimizer_state_gets_zero_moments(tmp_path):
 
 
 def test_converted_bin_resumes_training(tmp_path, capsys):
-    from andrea.data import prepare
     from andrea.train import train
 
     rng = random.Random(0)
@@ -375,7 +380,7 @@ def test_hf_export_refuses_what_gpt2_cannot_hold(tmp_path, capsys, changes, word
 
 
 def test_hf_import_refuses_nonzero_biases(tmp_path, capsys):
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
 
     convert(trained_checkpoint(tmp_path / "a.safetensors"), tmp_path / "hf", "hf")
     tensors = load_file(tmp_path / "hf" / "model.safetensors")
@@ -639,3 +644,28 @@ def test_the_projector_files_are_written_whole_or_not_at_all(tmp_path, monkeypat
         write_projector(tmp_path, model, tok)
     assert (vectors.read_bytes(), meta.read_bytes()) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["metadata.tsv", "vectors.tsv"]
+
+
+# ---------------------------------------------------------------- hostile input
+
+
+@pytest.mark.hostile
+def test_release_folders_and_json_models_claiming_a_million_layers_are_refused_at_once(audited_run, tmp_path, capsys):
+    """A .bin release folder and a JSON model whose config claims 10^6 layers: `convert` (and the
+    engine) end in one sentence within seconds, building no model of a million blocks."""
+
+    release, model = tmp_path / "release", tmp_path / "m.json"
+    assert cli(capsys, "convert", audited_run / "latest.safetensors", release, "--to", "bin")[0] == 0
+    assert cli(capsys, "convert", audited_run / "latest.safetensors", model, "--to", "json")[0] == 0
+    cfg = json.loads((release / "config.json").read_text())
+    (release / "config.json").write_text(json.dumps({**cfg, "n_layer": 10**6}))
+    doc = json.loads(model.read_text())
+    doc["config"]["n_layer"] = 10**6
+    model.write_text(json.dumps(doc))
+    for src in (release, model):
+        start = time.time()
+        line = one_sentence(*cli(capsys, "convert", src, tmp_path / "out.safetensors")[::2])
+        assert time.time() - start < 10 and "1,000,000" in line, line
+    engine = subprocess.run([sys.executable, str(ROOT / "andrea" / "stdlib_engine.py"), str(model)], capture_output=True,
+                            text=True, timeout=60)
+    assert engine.returncode == 2 and "1,000,000 layers" in engine.stderr and "Traceback" not in engine.stderr

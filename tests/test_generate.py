@@ -1,13 +1,14 @@
 """Generation: KV cache against recomputation, the sliding window, sampling, streaming, chat, CLI."""
 
 import io
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import unit_model
+from helpers import cli, need_time, one_sentence, peak_rss, process_sentence, unit_model
 
 import andrea
 from andrea.checkpoint import save_checkpoint
@@ -437,3 +438,98 @@ def test_cli_in_a_real_process(ckpt, tmp_path):
     assert p.returncode == 0 and p.stderr == ""
     lines = p.stdout.split("\n")
     assert len(lines) == 3 and lines[2] == "" and all(line.startswith("< ") for line in lines[:2])
+
+
+# ---------------------------------------------------------------- hostile input
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("command", ["generate", "chat"])
+def test_input_that_is_not_utf8_is_one_sentence(text_run, capsys, monkeypatch, command):
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"caf\xe9 au lait\n"), encoding="utf-8"))
+    code, _, err = cli(capsys, command, "--checkpoint", text_run, "--max-new-tokens", "3")
+    assert "not UTF-8 text (byte 0xe9 at offset 3" in one_sentence(code, err)
+
+@pytest.mark.hostile
+def test_a_prompt_argument_that_is_not_utf8_is_one_sentence(text_run, capsys):
+    bad = b"caf\xe9".decode("utf-8", "surrogateescape")  # how Python hands over such an argument
+    code, _, err = cli(capsys, "generate", "--checkpoint", text_run, "--prompt", bad)
+    assert "not UTF-8" in one_sentence(code, err)
+
+@pytest.mark.hostile
+@pytest.mark.slow
+def test_a_prompt_without_end_is_refused_not_read(audited_run):
+    """generate and chat reading /dev/zero: one sentence, exit 2, a bounded read (not MemoryError)."""
+    need_time()
+    for command in ("generate", "chat"):
+        with open("/dev/zero", "rb") as zero:
+            done, peak = peak_rss([command, "--checkpoint", audited_run, "--max-new-tokens", "1"], stdin=zero, timeout=120)
+        assert "longer than 4 MiB" in process_sentence(done)
+        assert peak < 800_000_000, f"{command} peaked at {peak:,} bytes"
+
+@pytest.mark.hostile
+def test_tiny_temperatures_and_top_p_are_the_argmax(lab_checkpoint):
+    """temperature and top-p 1e-300 (and 5e-324, the smallest float above 0) are allowed
+    values: every draw is the most likely token, on random logits with a clear maximum."""
+    from andrea.generate import sample_next
+
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(50):
+        logits = torch.randn(300, generator=gen) * (1 + trial)
+        best = int(logits.argmax())
+        for kw in ({"temperature": 1e-300}, {"temperature": 5e-324}, {"top_p": 1e-300}, {"top_p": 5e-324}, {"top_p": 1e-300, "top_k": 3},
+                   {"temperature": 1e-300, "top_p": 0.5}):
+            assert sample_next(logits, generator=gen, **kw) == best, (trial, kw)
+    # float16 logits (a model run in half precision) too
+    assert sample_next(logits.half(), temperature=1e-300, generator=gen) == int(logits.half().argmax())
+
+@pytest.mark.hostile
+def test_tiny_temperatures_in_generate_the_lab_and_the_engine(lab_checkpoint, tmp_path, capsys):
+    from starlette.testclient import TestClient
+
+    from andrea import embed, stdlib_engine
+    from andrea.web.lab import create_app
+
+    common = ["--checkpoint", lab_checkpoint, "--prompt", "the cat", "--max-new-tokens", "12"]
+    code, greedy, err = cli(capsys, "generate", *common, "--greedy")
+    assert code == 0, err
+    for extra in (["--temperature", "1e-300"], ["--top-p", "1e-300"]):
+        code, out, err = cli(capsys, "generate", *common, *extra, "--seed", "3")
+        assert code == 0 and out == greedy, (extra, err)
+    subject = embed.load_subject(lab_checkpoint)
+    with TestClient(create_app(subject), raise_server_exceptions=False) as client:
+        picked = {}
+        for name, settings in (("greedy", {"temperature": 0}), ("t", {"temperature": 1e-300}), ("p", {"top_p": 1e-300})):
+            with client.stream("POST", "/api/generate", json={"prompt": "the cat", "max_new_tokens": 8, **settings}) as r:
+                rows = [json.loads(line) for line in r.iter_lines() if line]
+            assert r.status_code == 200 and rows[-1] == {"done": True, "tokens": 8}, rows[-1]
+            picked[name] = [x["id"] for x in rows[:-1]]
+        assert picked["t"] == picked["greedy"] and picked["p"] == picked["greedy"]
+    model_json = tmp_path / "model.json"
+    assert cli(capsys, "convert", lab_checkpoint, model_json, "--to", "json")[0] == 0
+    assert stdlib_engine.main([str(model_json), "--prompt", "the cat", "--temperature", "nan"]) == 2
+    assert "temperature a finite number" in capsys.readouterr().err
+    assert stdlib_engine.main([str(model_json), "--prompt", "the cat", "--max-new-tokens", "8", "--greedy"]) == 0
+    engine_greedy = capsys.readouterr().out
+    assert stdlib_engine.main([str(model_json), "--prompt", "the cat", "--max-new-tokens", "8", "--temperature", "1e-300"]) == 0
+    assert capsys.readouterr().out == engine_greedy
+
+@pytest.mark.hostile
+def test_seeds_at_and_past_the_edge(lab_checkpoint, capsys, monkeypatch):
+    """--seed 2^70 for a fresh preset (embed, lab) is one sentence; a chat seeded 2^64 - 1 derives
+    its next reply's seed inside 0..2^64-1 (it wraps) and answers every line."""
+    import io
+
+    for args in (["embed", "table", "--preset", "andrea-tiny", "--seed", 2**70],
+                 ["lab", "--preset", "andrea-tiny", "--seed", 2**70, "--port", "0"]):
+        code, _, err = cli(capsys, *args)
+        assert "seed must be an integer in 0..2^64-1" in one_sentence(code, err)
+    from andrea.generate import load
+
+    chat = load(lab_checkpoint).chat(max_new_tokens=6, seed=2**64 - 1)
+    replies = ["".join(chat.reply(line)) for line in ("hello", "the cat", "and the dog")]
+    again = load(lab_checkpoint).chat(max_new_tokens=6, seed=2**64 - 1)
+    assert replies == ["".join(again.reply(line)) for line in ("hello", "the cat", "and the dog")]
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"hello\nthe cat\n"), encoding="utf-8"))
+    code, out, err = cli(capsys, "chat", "--checkpoint", lab_checkpoint, "--seed", 2**64 - 1, "--max-new-tokens", "4")
+    assert code == 0, err

@@ -4,6 +4,7 @@ import itertools
 
 import pytest
 import torch
+from helpers import big_config, cli, one_sentence, peak_rss, process_sentence
 
 from andrea.config import NORMS, POSITION_SCHEMES, PRESETS, ModelConfig, count_params, param_rows
 from andrea.model import ANDREA
@@ -141,3 +142,29 @@ def test_parameter_order_follows_the_bin_layout():
     assert shapes["h.0.mlp.fc1.weight"].shape == (4 * d, d)
     assert shapes["h.0.mlp.fc2.weight"].shape == (d, 4 * d)
     assert shapes["lm_head.weight"].shape == (V, d)
+
+
+# ---------------------------------------------------------------- hostile input
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("changes", [{"n_embd": 100_000}, {"block_size": 10**9}, {"n_layer": 10**6},
+                                     {"block_size": 10**9, "pos": "rope"}])
+def test_a_model_too_big_for_memory_is_refused_by_arithmetic(two_source_data, tmp_path, capsys, changes):
+    """Width 10^5, context 10^9 (learned or rope) and 10^6 layers: `train` ends in one sentence that
+    says the memory the model would need, before anything is built; `params` still counts it."""
+    cfg = big_config(two_source_data, tmp_path / "big.json", **changes)
+    line = one_sentence(*cli(capsys, "train", "--data", two_source_data, "--out", tmp_path / "o", "--model-config", cfg,
+                             "--max-steps", "1", "--seq-len", "16", "--no-progress")[::2])
+    assert "needs at least" in line and " GB of memory" in line and "available" in line, line
+    code, out, _ = cli(capsys, "params", "--config", cfg)
+    assert code == 0 and "total" in out
+
+@pytest.mark.hostile
+def test_a_huge_model_is_refused_in_a_bounded_process(two_source_data, tmp_path):
+    """10^6 layers in a real process, under /usr/bin/time: one sentence, little memory."""
+    cfg = big_config(two_source_data, tmp_path / "big.json", n_layer=10**6)
+    done, peak = peak_rss(["train", "--data", two_source_data, "--out", tmp_path / "o", "--model-config", cfg,
+                           "--max-steps", "1", "--seq-len", "16", "--no-progress"])
+    assert "needs at least" in process_sentence(done)
+    assert peak < 1_000_000_000, f"peak {peak:,} bytes"

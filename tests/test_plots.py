@@ -1,6 +1,9 @@
 """andrea.plots: pictures drawn with names that look like formulas, and written whole or not at all."""
 
+import shutil
+
 import pytest
+from helpers import cli, documents, root_train_args
 
 from andrea.errors import AndreaError
 from andrea.plots import plot_curriculum, plot_map, plot_parameter_groups, pyplot, save_figure
@@ -64,3 +67,22 @@ def test_a_run_goes_on_when_its_pictures_cannot_be_written(data_dir, tmp_path, m
     notes = [line for line in lines if line.startswith("note: could not draw")]
     assert any("loss.png" in n for n in notes) and any("curriculum.png" in n for n in notes), lines
     assert not list((tmp_path / "r").glob("*.png"))
+
+
+# ---------------------------------------------------------------- hostile input
+
+
+@pytest.mark.hostile
+def test_a_dollar_formula_in_a_source_name_is_drawn_as_written(prepared_root, tmp_path, capsys):
+    """matplotlib reads `$...$` as mathtext; a source named `p$\\frac$q` (from its file name)
+    must not end the run at its first evaluation, in loss.png or in curriculum.png."""
+    odd = tmp_path / "p$\\frac$q.txt"
+    shutil.copy(prepared_root / "text.txt", odd)
+    (tmp_path / "other.txt").write_text("\n\n".join(documents(5, 60)))
+    code, _, err = cli(capsys, "prepare", odd, tmp_path / "other.txt", "--tokenizer", prepared_root / "tok", "--out", tmp_path / "d",
+                       "--no-progress")
+    assert code == 0, err
+    out = tmp_path / "r"
+    code, stdout, err = cli(capsys, *root_train_args(prepared_root, out, data=tmp_path / "d"))
+    assert code == 0 and "could not draw" not in stdout + err, err
+    assert (out / "loss.png").stat().st_size > 0 and (out / "curriculum.png").stat().st_size > 0

@@ -3,6 +3,7 @@ statistics, training, saving and loading, the CLI and its errors, and (when the 
 fetched) segments and compression on real English against a byte-level BPE."""
 
 import hashlib
+import io
 import json
 import os
 import pickle
@@ -11,10 +12,13 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
+from helpers import WORDS, cli, need_time, peak_rss, process_sentence, short_documents
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -228,7 +232,6 @@ def test_decode_of_byte_sequences_encode_never_makes(tok):
 
 
 def test_decode_takes_arrays(tok, text):
-    import numpy as np
 
     ids = tok.encode(text[:500])
     assert tok.decode(np.array(ids)) == text[:500]
@@ -632,7 +635,6 @@ def test_cli_train_encode_decode_inspect(tmp_path, text, capsys, monkeypatch):
 
 
 def _stdin(text):
-    import io
 
     return io.TextIOWrapper(io.BytesIO(text.encode("utf-8")), encoding="utf-8")
 
@@ -827,3 +829,61 @@ def test_cli_trainer_version(tmp_path, capsys):
         assert json.loads((tmp_path / f"v{v}" / "tokenizer.json").read_text())["settings"]["version"] == v
     assert "\u2019" in HarrisTokenizer.load(tmp_path / "v4").segments
     assert "\u2019" not in HarrisTokenizer.load(tmp_path / "v3").segments
+
+
+# ---------------------------------------------------------------- hostile input
+
+
+@pytest.mark.hostile
+def test_text_without_end_is_refused_by_the_tokenizer_commands(tmp_path):
+    """`andrea tokenizer encode` and `decode` reading /dev/zero: one sentence at 64 MiB, not MemoryError."""
+    HarrisTokenizer([" cat"]).save(tmp_path / "tok")
+    for command in ("encode", "decode"):
+        with open("/dev/zero", "rb") as zero:
+            done, peak = peak_rss(["tokenizer", command, "--tokenizer", tmp_path / "tok"], stdin=zero, timeout=120)
+        assert "standard input is longer than 64 MiB" in process_sentence(done)
+        assert peak < 800_000_000, f"tokenizer {command} peaked at {peak:,} bytes"
+
+@pytest.mark.hostile
+def test_one_very_long_word_costs_training_its_length_not_its_square():
+    """A 200,000-letter word (twice, so it could be a candidate) among ordinary text: fitting ends
+    in seconds (it grew with the square of the word: 2.3 s at 40,000 letters, over a minute at
+    200,000), and no segment is longer than the cap."""
+
+    from andrea import tokenizer
+
+    rng = random.Random(0)
+    word = "".join(rng.choice("abcdefghij") for _ in range(200_000))
+    hostile = " ".join("".join(rng.choice("ab") for _ in range(300)) for _ in range(2000))  # peaks everywhere
+    texts = [" ".join(rng.choice(WORDS) for _ in range(2000)) for _ in range(20)] + [word + " " + word, hostile]
+    start = time.time()
+    tok = HarrisTokenizer.train(texts, 15)
+    assert time.time() - start < 20
+    assert max(len(s) for s in tok.segments) <= getattr(tokenizer, "MAX_WORD_CHARS", 100) + 1
+    assert tok.decode(tok.encode(word, bos=False)) == word
+
+@pytest.mark.hostile
+@pytest.mark.slow
+def test_a_word_list_that_inflates_to_gigabytes_is_never_read_on_load(tmp_path, capsys):
+    """harris_words.txt.gz replaced by 1 MB of gzip that inflates to 1 GB: loading the tokenizer
+    (encode, prepare) does not inflate it; `inspect`, which needs it, reads at most its cap and
+    ends in one sentence; peak memory stays far below the inflated size."""
+    import gzip
+
+    need_time()
+    folder = HarrisTokenizer.train(short_documents(2, 30), 20).save(tmp_path / "tok")
+    with gzip.open(folder / "harris_words.txt.gz", "wb", compresslevel=1) as f:
+        block = b"a" * (64 << 20)
+        for _ in range(16):
+            f.write(block)
+    assert (folder / "harris_words.txt.gz").stat().st_size < 20_000_000
+    done, peak = peak_rss(["tokenizer", "encode", "--tokenizer", folder, "the king"])
+    assert done.returncode == 0 and done.stdout.strip(), done.stderr[-2000:]
+    assert peak < 400_000_000, f"encode peaked at {peak:,} bytes"
+    done, peak = peak_rss(["tokenizer", "inspect", "--tokenizer", folder, "king"])
+    assert "inflates to more than 64 MiB" in process_sentence(done)
+    assert peak < 600_000_000, f"inspect peaked at {peak:,} bytes"
+    src = tmp_path / "a.txt"
+    src.write_text("\n\n".join(short_documents(4, 3)))
+    code, _, err = cli(capsys, "prepare", src, "--tokenizer", folder, "--out", tmp_path / "d", "--no-progress")
+    assert code == 0, err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import shutil
@@ -15,12 +16,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import opts, quiet, tiny_config
+from helpers import cli, copy_text_run, one_sentence, opts, quiet, snapshot, text_train_args, tiny_config
 
 from andrea.checkpoint import load_checkpoint
 from andrea.cli import main
 from andrea.config import ModelConfig
-from andrea.data import HEADER, open_shard
+from andrea.data import HEADER, open_shard, write_shard
 from andrea.errors import AndreaError
 from andrea.train import train
 
@@ -295,7 +296,6 @@ def test_resume_with_another_config_is_refused(data_dir, tmp_path, capsys):
 
 
 def test_shard_header_and_size_are_checked(tmp_path):
-    from andrea.data import write_shard
 
     tokens = np.arange(1000, dtype=np.uint16)
     write_shard(tmp_path / "s.tok", tokens)
@@ -403,3 +403,54 @@ def test_vocabulary_padding_changes_nothing_but_the_matmul_shape():
     torch.testing.assert_close(padded.lm_head.weight.grad, plain.lm_head.weight.grad, atol=1e-6, rtol=1e-6)
     assert padded.lm_head.weight.shape == (300, 32) and set(padded.state_dict()) == set(plain.state_dict())
     assert sum(p.numel() for p in padded.parameters()) == sum(p.numel() for p in plain.parameters())
+
+
+# ---------------------------------------------------------------- hostile input
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("more_steps", [1, 4])
+def test_an_exploding_update_saves_nothing_and_the_named_checkpoint_trains_on(text_data, text_model_json, text_run, tmp_path,
+                                                                               capsys, more_steps):
+    """Resumed at lr 1e9, the update blows the weights up. Nothing of that state is written (latest
+    and best stay byte-identical), the run exits 2 naming latest.safetensors at step 4 as the last
+    good checkpoint, and that checkpoint resumes at a normal learning rate and trains to the end."""
+    out = copy_text_run(text_run, tmp_path / "r")
+    before = snapshot(out)
+    code, _, err = cli(capsys, *text_train_args(text_data, text_model_json, out, "--resume", "--lr", "1e9", steps=4 + more_steps))
+    line = one_sentence(code, err)
+    assert f"the last good checkpoint is {out / 'latest.safetensors'} (step 4)" in line
+    assert snapshot(out) == before
+    assert not [p for p in out.iterdir() if ".tmp-" in p.name]
+    # the promise: that checkpoint, at a normal learning rate, trains on without failing again
+    code, stdout, err = cli(capsys, *text_train_args(text_data, text_model_json, out, "--resume", steps=12))
+    assert code == 0, err
+    ckpt = load_checkpoint(out / "latest.safetensors")
+    assert ckpt.step == 12 and all(torch.isfinite(t).all() for t in ckpt.model_state.values())
+    assert math.isfinite(float(stdout.split("validation: ")[1].split()[0]))
+
+@pytest.mark.hostile
+def test_a_non_finite_smoothed_loss_never_replaces_a_finite_best(text_data, text_model_json, text_run, tmp_path):
+    from andrea.train import Run
+    from andrea.trainconfig import TrainConfig
+
+    out = copy_text_run(text_run, tmp_path / "r")
+    cfg = TrainConfig(max_steps=6, batch_size=2, seq_len=16, eval_windows=1, audit={"enabled": False})
+    run = Run(ModelConfig.load(text_model_json), cfg, text_data, out, True, lambda *a: None)
+    try:
+        best_before = (out / "best.safetensors").read_bytes()
+        run.state.smma.value = float("nan")
+        run.checkpoint()
+        assert (out / "best.safetensors").read_bytes() == best_before
+        assert load_checkpoint(out / "latest.safetensors").step == 4
+    finally:
+        run.close()
+
+@pytest.mark.hostile
+def test_a_batch_too_big_for_memory_is_refused_before_the_first_step(two_source_data, two_source_model_json, tmp_path, capsys):
+    """--batch-size 1048576 (inside the limit of 2^20): refused with the memory it would need, naming
+    --micro-batch; with --micro-batch the same batch is within memory and passes the check."""
+    args = ["train", "--data", two_source_data, "--out", tmp_path / "o", "--model-config", two_source_model_json, "--max-steps", "1",
+            "--seq-len", "16", "--no-progress", "--batch-size", "1048576"]
+    line = one_sentence(*cli(capsys, *args)[::2])
+    assert "micro-batches of 1,048,576 × 16 tokens" in line and "--micro-batch" in line and " GB of memory" in line

@@ -8,6 +8,7 @@ import json
 from dataclasses import fields
 
 import pytest
+from helpers import cli, one_sentence, short_documents
 
 from andrea.cli import build_parser
 from andrea.errors import AndreaError
@@ -83,3 +84,19 @@ def test_a_run_needs_a_budget():
     assert TrainConfig(max_steps=1).for_model(128).seq_len == 128
     with pytest.raises(AndreaError, match="longer than the model's context"):
         TrainConfig(max_steps=1, seq_len=512).for_model(256)
+
+
+# ---------------------------------------------------------------- hostile input
+
+
+@pytest.mark.hostile
+def test_audit_tokens_and_shard_tokens_are_bounded(two_source_data, two_source_model_json, small_tokenizer, tmp_path, capsys):
+    """--audit-tokens 10^9 and prepare --shard-tokens 1 would run without end: refused at once."""
+    line = one_sentence(*cli(capsys, "train", "--data", two_source_data, "--out", tmp_path / "o", "--model-config", two_source_model_json,
+                             "--max-steps", "1", "--audit-tokens", str(10**9))[::2])
+    assert "audit.tokens must be at most 10,000" in line
+    src = tmp_path / "a.txt"
+    src.write_text("\n\n".join(short_documents(4, 3)))
+    line = one_sentence(*cli(capsys, "prepare", src, "--tokenizer", small_tokenizer, "--out", tmp_path / "d",
+                             "--shard-tokens", "1", "--no-progress")[::2])
+    assert "shard_tokens must be a whole number of tokens from 1,000" in line

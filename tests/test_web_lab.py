@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from helpers import LONG_INT, raw_get_at
 from starlette.testclient import TestClient
 
 import andrea.web
@@ -294,3 +295,48 @@ def test_lab_command_serves_until_interrupted(lab_checkpoint):
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0 and "stopped" in out and "Traceback" not in err
+
+
+# ---------------------------------------------------------------- hostile input
+
+
+@pytest.mark.hostile
+def test_the_lab_answers_400_to_bodies_at_python_limits(lab_checkpoint):
+    """A request body holding a 5,000-digit number, or nested 8,000 or 990 deep (within the body's
+    16 KB): 400 with one sentence, never 500."""
+    from starlette.testclient import TestClient
+
+    from andrea import embed
+    from andrea.web.lab import create_app
+
+    with TestClient(create_app(embed.load_subject(lab_checkpoint)), raise_server_exceptions=False) as client:
+        for body in ('{"k": ' + LONG_INT + "}", '{"k": ' + "[" * 8000 + "]" * 8000 + "}",
+                     '{"k": ' + "[" * 990 + "]" * 990 + "}"):
+            r = client.post("/api/token", content=body, headers={"content-type": "application/json"})
+            assert r.status_code == 400, (r.status_code, r.text[:200])
+            assert r.json()["error"].startswith("the request body ")
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("address", ["127.0.0.1", "127.0.0.2", "::1", "::ffff:127.0.0.1"])
+def test_the_lab_on_any_loopback_address_answers_only_this_machines_names(lab_checkpoint, address):
+    """A DNS-rebinding page reaches the lab under its own name (Host: evil.example) on whatever
+    loopback address the lab listens on: refused on 127.0.0.2, ::1 and ::ffff:127.0.0.1 (loopback,
+    though Python 3.11's ipaddress does not say so) as on 127.0.0.1."""
+    from andrea import embed
+    from andrea.web.lab import LabServer
+
+    try:
+        server = LabServer(embed.load_subject(lab_checkpoint), address, 0)
+    except Exception as e:  # a machine without IPv6 loopback
+        pytest.skip(f"cannot listen on {address}: {e}")
+    server.start()
+    try:
+        port = server.sock.getsockname()[1]
+        named = f"[{address}]" if ":" in address else address
+        assert server.loopback
+        for foreign in ("evil.example", f"evil.example:{port}", "127.0.0.1.evil.example", "0x7f.0.0.1", ""):
+            assert raw_get_at(address, port, foreign) == 400, foreign
+        assert raw_get_at(address, port, f"{named}:{port}") == 200
+        assert raw_get_at(address, port, f"localhost:{port}") == 200
+    finally:
+        server.stop()

@@ -9,6 +9,7 @@ import zipfile
 
 import numpy as np
 import pytest
+from helpers import DEEP, cli, one_sentence
 from scipy import sparse
 
 from andrea import wordsim
@@ -204,3 +205,17 @@ def test_unfetched_sets_say_how_to_fetch_them(tmp_path, monkeypatch):
     with pytest.raises(AndreaError, match="andrea data fetch wordsets"):
         wordsim.load_wordsets()
     assert wordsim.try_load_wordsets() is None
+
+
+# ---------------------------------------------------------------- hostile input
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("bad", ["deep", "list"])
+def test_a_runs_train_json_that_is_not_a_record_ends_embed_similarity_in_one_sentence(audited_run, tmp_path, capsys, bad):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "latest.safetensors").write_bytes((audited_run / "latest.safetensors").read_bytes())
+    (run / "train.json").write_text('{"data":\n' + DEEP + "}" if bad == "deep" else '["data"]')
+    line = one_sentence(*cli(capsys, "embed", "similarity", "--checkpoint", run, "--ppmi")[::2])
+    assert "train.json" in line, line

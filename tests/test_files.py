@@ -1,0 +1,134 @@
+"""andrea.files: its behaviour, and its promises under hostile input."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from helpers import (
+    DEEP,
+    LONG_INT,
+    cli,
+    copy_root_run,
+    copy_text_run,
+    one_sentence,
+    released_after,
+    root_train_args,
+    text_train_args,
+)
+
+from andrea.checkpoint import load_checkpoint
+from andrea.errors import AndreaError
+
+# ---------------------------------------------------------------- hostile input
+
+
+@pytest.mark.hostile
+def test_a_second_run_in_a_running_folder_exits_2_naming_the_process(text_data, text_model_json, tmp_path, capsys):
+    out = tmp_path / "r"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    first = subprocess.Popen([sys.executable, "-m", "andrea", *text_train_args(text_data, text_model_json, out, steps=100000)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    try:
+        deadline = time.time() + 90
+        while not (out / "latest.safetensors").exists():  # it holds the folder and has saved once
+            assert first.poll() is None and time.time() < deadline, first.stderr.read().decode()
+            time.sleep(0.1)
+        second = subprocess.run([sys.executable, "-m", "andrea", *text_train_args(text_data, text_model_json, out, "--resume")],
+                                capture_output=True, text=True, env=env, timeout=120)
+        assert second.returncode == 2 and "Traceback" not in second.stderr
+        assert f"is in use by process {first.pid}" in second.stderr.strip().splitlines()[-1]
+        code, _, err = cli(capsys, *text_train_args(text_data, text_model_json, out))  # a fresh run there too
+        assert f"is in use by process {first.pid}" in one_sentence(code, err)
+        assert first.poll() is None  # the first run goes on undisturbed
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    # the lock of a killed process is gone with it: the folder resumes at once
+    step = load_checkpoint(out / "latest.safetensors").step
+    code, _, err = cli(capsys, *text_train_args(text_data, text_model_json, out, "--resume", steps=step + 1))
+    assert code == 0, err
+
+@pytest.mark.hostile
+def test_the_lock_is_released_when_a_run_ends(text_data, text_model_json, text_run, tmp_path):
+    from andrea.files import FolderLock
+
+    out = copy_text_run(text_run, tmp_path / "r")
+    with FolderLock(out, "the run folder"):
+        with pytest.raises(AndreaError, match=f"in use by process {os.getpid()}"):
+            FolderLock(out, "the run folder")
+    FolderLock(out, "the run folder").release()  # free again
+
+@pytest.mark.hostile
+def test_one_json_reader_turns_python_limits_into_one_sentence(tmp_path):
+    from andrea.files import MAX_JSON_DEPTH, parse_json, read_json
+
+    cases = {"long.json": '{"a": 1,\n "b": ' + LONG_INT + "}", "deep.json": '{"a":\n\n' + DEEP + "}",
+             "deep990.json": "[" * 990 + "]" * 990}
+    for name, text in cases.items():
+        (tmp_path / name).write_text(text)
+    with pytest.raises(AndreaError, match=r"long\.json holds a number of more than 4,300 digits at line 2"):
+        read_json(tmp_path / "long.json", "config file")
+    with pytest.raises(AndreaError, match=rf"deep\.json nests its JSON more than {MAX_JSON_DEPTH} levels deep at line 3"):
+        read_json(tmp_path / "deep.json", "config file")
+    with pytest.raises(AndreaError, match="nests its JSON"):  # parses in Python, but nothing may recurse over it
+        read_json(tmp_path / "deep990.json")
+    assert parse_json('{"s": "[[[[\\"[[[[", "t": [[1], {"u": [2]}]}', "x") == {"s": '[[[["[[[[', "t": [[1], {"u": [2]}]}
+    assert parse_json("[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH, "x") is not None
+
+@pytest.mark.hostile
+def test_a_fifo_is_refused_where_a_file_is_read(prepared_root, root_run, tmp_path, capsys):
+    """A FIFO blocks whoever opens it until something writes to it: as a source (alone or inside
+    a source folder), a shard or a checkpoint (named, or the latest of a run folder) each is
+    refused by its kind, in one sentence, before it is opened."""
+    fifo = tmp_path / "pipe.txt"
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    shutil.copy(prepared_root / "text.txt", folder / "a.txt")
+    data = tmp_path / "data"
+    shutil.copytree(prepared_root / "data", data)
+    (data / "text.val.00000.tok").unlink()
+    run = tmp_path / "run"
+    shutil.copytree(root_run, run)
+    (run / "latest.safetensors").unlink()
+    fifos = [fifo, folder / "b.txt", data / "text.val.00000.tok", run / "latest.safetensors"]
+    for f in fifos:
+        os.mkfifo(f)
+    cases = [
+        (["prepare", fifo, "--tokenizer", prepared_root / "tok", "--out", tmp_path / "d1", "--no-progress"], f"{fifo} is a FIFO"),
+        (["tokenizer", "train", folder, "--segments", "5", "--out", tmp_path / "t1"], f"{folder / 'b.txt'} is a FIFO"),
+        (root_train_args(prepared_root, tmp_path / "r1", data=data), f"shard {data / 'text.val.00000.tok'} is a FIFO"),
+        (["generate", "--checkpoint", run / "latest.safetensors", "--prompt", "the"], "checkpoint"),
+        (root_train_args(prepared_root, run, "--resume", steps=6), f"checkpoint {run / 'latest.safetensors'} is a FIFO"),
+    ]
+    with released_after(fifos):
+        for args, words in cases:
+            line = one_sentence(*cli(capsys, *args)[::2])
+            assert words in line and "not a regular file" in line, (args, line)
+
+@pytest.mark.hostile
+def test_the_next_run_removes_the_temporary_files_of_killed_writes(prepared_root, root_run, tmp_path, capsys):
+    """A write killed by SIGKILL leaves `NAME.tmp-PID-HEX` at full size. The next run in the
+    folder, holding its lock, removes those whose process is gone and keeps a live one's."""
+    out = copy_root_run(root_run, tmp_path / "r")
+    dead = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    dead.send_signal(signal.SIGKILL)
+    dead.wait()
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        stale = out / f"latest.safetensors.tmp-{dead.pid}-0123abcd"
+        shutil.copy(out / "latest.safetensors", stale)
+        live = out / f"best.safetensors.tmp-{alive.pid}-89abcdef"
+        live.write_bytes(b"being written")
+        other = out / "notes.tmp-12-x"  # no temporary name of ours
+        other.write_bytes(b"x")
+        code, stdout, err = cli(capsys, *root_train_args(prepared_root, out, "--resume", steps=6))
+        assert code == 0, err
+        assert not stale.exists() and live.exists() and other.exists()
+        assert f"removed {stale.name}, the temporary file of a write whose process is gone" in stdout
+    finally:
+        alive.kill()
+        alive.wait()

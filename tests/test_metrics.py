@@ -1,0 +1,26 @@
+"""andrea.metrics: its behaviour, and its promises under hostile input."""
+
+import pytest
+from helpers import audited_train_args, cli, damaged_copy
+
+# ---------------------------------------------------------------- hostile input
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("damage", ["missing key", "null", "garbage", "wrong types", "cut off"])
+def test_a_damaged_metrics_file_costs_at_most_the_picture(two_source_data, two_source_model_json, audited_run, tmp_path, capsys, damage):
+    """metrics.jsonl with a row missing a key, a `null` line, a garbage line, numbers of the wrong
+    type or a line cut off by a crash: the resumed run trains to its end and draws loss.png."""
+    out = damaged_copy(audited_run, tmp_path / "r", lambda m: None)
+    metrics = out / "metrics.jsonl"
+    extra = {"missing key": '{"step": 3, "loss": 2.0}\n{"step": 4, "eval": {"all": {}}}\n',
+             "null": "null\n", "garbage": "\x00\x01 not json {\n",
+             "wrong types": '{"step": "x", "loss": [1], "smma": null}\n{"step": 2, "eval": [1, 2]}\n'
+                            '{"step": 2, "eval": {"all": {"loss": "x"}}}\n',
+             "cut off": '{"step": 4, "loss": 2.0, "sm'}[damage]
+    metrics.write_text(metrics.read_text() + extra)
+    (out / "loss.png").unlink(missing_ok=True)
+    code, stdout, err = cli(capsys, *audited_train_args(two_source_data, two_source_model_json, out, "--resume", steps=6))
+    assert code in (0, 3), err
+    assert "could not draw" not in stdout + err
+    assert (out / "loss.png").stat().st_size > 1000
