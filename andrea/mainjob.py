@@ -13,8 +13,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from andrea.cache import shards_dir, tokenizers_dir
 from andrea.config import get_preset
-from andrea.corpus import cache_root, fetch_default_corpus
+from andrea.corpus import fetch_default_corpus
 from andrea.errors import AndreaError
 
 # The optimizer settings the main job may run with, per recipe (benchmarks/bench_recipes.py runs
@@ -96,7 +97,7 @@ def prepared_tokenizer(n_segments: int, names: list[str], log=print):
 
     names = sorted(names)
     key = hashlib.sha256(f"{n_segments}|{'+'.join(names)}|{WORD_PATTERN}|{TRAINER_VERSION}".encode()).hexdigest()[:16]
-    folder = cache_root() / "tokenizers" / f"harris-{n_segments}-{key}"
+    folder = tokenizers_dir() / f"harris-{n_segments}-{key}"
     if (folder / "harris_segments.json").exists():
         return HarrisTokenizer.load(folder), folder
     log(f"training the Harris tokenizer ({n_segments:,} segments), an equal share of text per source")
@@ -109,7 +110,7 @@ def prepared_tokenizer(n_segments: int, names: list[str], log=print):
 def prepared_data(tokenizer, source_names: list[str], log=print) -> Path:
     from andrea.data import TokenData, prepare
 
-    folder = cache_root() / "shards" / tokenizer.fingerprint()[:16]
+    folder = shards_dir() / tokenizer.fingerprint()[:16]
     if (folder / "manifest.json").exists():
         try:
             TokenData(folder)

@@ -44,6 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
+from andrea.cache import wordsets_dir
 from andrea.config import BOS
 from andrea.errors import AndreaError
 from andrea.vectors import cosine, unit_rows, whole_word_mask
@@ -64,12 +65,6 @@ LESSON_PAIRS = LESSON_RELATED + LESSON_UNRELATED
 
 
 # ---------------------------------------------------------------- the sets: fetch and read
-
-
-def wordsets_dir() -> Path:
-    from andrea.corpus import cache_root
-
-    return cache_root() / "wordsets"
 
 
 def fetch_wordsets(root: Path | None = None, log=print) -> Path:

@@ -148,7 +148,7 @@ def main(argv=None) -> int:
     import tokenizers
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from andrea.corpus import cache_root
+    from andrea.cache import cache_root
     from andrea.errors import AndreaError
     from andrea.sources import read_documents
     from andrea.tokenizer import HarrisTokenizer

@@ -155,7 +155,7 @@ def main(argv=None) -> int:
     try:
         main_dir = main_job_data(cfg.n_segments)
         if "shakespeare" in args.tasks:
-            from andrea.corpus import cache_root
+            from andrea.cache import cache_root
             from andrea.data import TokenData
 
             sh_dir, sh_bytes = shakespeare_data(TokenData(main_dir).load_tokenizer(), cache_root() / "bench")

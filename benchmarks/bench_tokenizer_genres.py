@@ -1,6 +1,6 @@
 """The Harris tokenizer against byte-level BPE on several genres of English, each fitted on its own text.
 
-A genre is a body of text with its own held-out part: the default corpus (andrea.corpus.SOURCES),
+A genre is a body of text with its own held-out part: the default corpus (andrea.corpus.DEFAULT_SOURCES),
 the literary sources that were the default corpus before it (sotu, shakespeare, kjv, moby-dick), a
 dictionary (GCIDE), technical documentation (SQLite's manual), technical documentation set in
 typographic quotes and dashes (Python's manual: ’ “ ” — –, 3 bytes each), source code (SQLite's C
@@ -31,9 +31,9 @@ from common import fit_bpe, md_table, say, today
 
 
 def _default() -> list[str]:
-    from andrea.corpus import SOURCES
+    from andrea.corpus import DEFAULT_SOURCES
 
-    return list(SOURCES)
+    return list(DEFAULT_SOURCES)
 
 
 GENRES = {
@@ -69,7 +69,7 @@ def spread(docs: list[str], limit: int) -> list[str]:
 def known_source(name: str):
     from andrea import corpus
 
-    return {**corpus.SOURCES, **corpus.LITERARY_SOURCES, **corpus.GENRE_SOURCES}[name]
+    return {**corpus.DEFAULT_SOURCES, **corpus.LITERARY_SOURCES, **corpus.GENRE_SOURCES}[name]
 
 
 def load_genre(sources: list[str], train_limit: int, val_limit: int):

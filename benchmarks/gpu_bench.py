@@ -263,14 +263,14 @@ def shard_folder(data: str | None) -> Path | None:
     """--data, or the newest shard folder the main job left in the cache (None if there is none)."""
     if data:
         return Path(data)
-    from andrea.corpus import cache_root
+    from andrea.cache import cache_root
 
     found = sorted((cache_root() / "shards").glob("*/manifest.json"), key=lambda p: p.stat().st_mtime)
     return found[-1].parent if found else None
 
 
 def cmd_cli(args) -> int:
-    from andrea.corpus import cache_root
+    from andrea.cache import cache_root
 
     device = device_for(args.dry_run)
     data = shard_folder(args.data)

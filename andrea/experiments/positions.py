@@ -35,6 +35,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from andrea.cache import shards_dir
 from andrea.config import ModelConfig, get_preset
 from andrea.errors import AndreaError
 from andrea.evaluate import bits_per_byte, token_byte_lengths
@@ -80,9 +81,8 @@ class PositionsExperiment:
 
 def default_data_dir() -> Path:
     """The newest prepared shard folder in the cache (where the main job puts its data)."""
-    from andrea.corpus import cache_root
 
-    root = cache_root() / "shards"
+    root = shards_dir()
     found = sorted(root.glob("*/manifest.json"), key=lambda p: p.stat().st_mtime, reverse=True) if root.is_dir() else []
     if not found:
         raise AndreaError(f"no prepared data in {root}: run `andrea main` once (it prepares and caches the default "
