@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from andrea.data import TokenData
+from andrea.shards import TokenData
 
 LOG2 = math.log(2)
 

@@ -41,10 +41,10 @@ import numpy as np
 import torch
 
 from andrea.config import get_preset, param_rows
-from andrea.data import TokenData
 from andrea.embed import forward_matrix, table
 from andrea.errors import AndreaError
 from andrea.files import read_json
+from andrea.shards import TokenData
 from andrea.snapshots import snapshot_steps
 from andrea.timeline import Timeline, row_updates
 from andrea.usage import data_usage

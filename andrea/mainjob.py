@@ -108,7 +108,8 @@ def prepared_tokenizer(n_segments: int, names: list[str], log=print):
 
 
 def prepared_data(tokenizer, source_names: list[str], log=print) -> Path:
-    from andrea.data import TokenData, prepare
+    from andrea.prepare import prepare
+    from andrea.shards import TokenData
 
     folder = shards_dir() / tokenizer.fingerprint()[:16]
     if (folder / "manifest.json").exists():

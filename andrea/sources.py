@@ -36,7 +36,7 @@ other. A fetched default source keeps the split it was fetched with (`corpus.VAL
 
 The reader works in tasks of about CHUNK_BYTES of input, so memory stays bounded whatever the
 size of a source; a task is turned into text (decoded, parsed) by whoever runs it, which lets
-`data.prepare` run tasks on worker processes.
+`andrea.prepare` run tasks on worker processes.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ A run folder holds:
 A write killed by SIGKILL leaves its temporary file (NAME.tmp-PID-HEX); the next run, holding the
 lock, removes those whose process is gone. Signals are handled from start-up until the last
 checkpoint is on disk (andrea.signals), and every shard is checked against the manifest before
-the first step (andrea.data.verify_shards).
+the first step (andrea.shards.verify_shards).
 Resuming restores model, optimizer, step, RNG and data position, curriculum and audit state, so
 a resumed run continues exactly as an uninterrupted one would have.
 
@@ -59,7 +59,6 @@ from andrea.audit import make_auditor
 from andrea.checkpoint import save_checkpoint
 from andrea.config import BOS, ModelConfig
 from andrea.curriculum import make_curriculum, pick_source
-from andrea.data import TokenData, check_validation, verify_shards
 from andrea.distributed import (
     all_finite,
     any_rank,
@@ -88,6 +87,7 @@ from andrea.model import ANDREA
 from andrea.optim import lr_at, make_optimizer
 from andrea.plots import plot_curriculum, plot_losses
 from andrea.runstate import RunState, checkpoint_to_resume
+from andrea.shards import TokenData, check_validation, verify_shards
 from andrea.signals import Signals, is_main_process
 from andrea.train_snapshots import make_growth, score_similarity
 from andrea.trainconfig import TrainConfig, batch_split
@@ -424,7 +424,7 @@ class Run:
         """Draw one of the run's pictures. Pictures are observers: a failure is a note, and training goes on."""
         try:
             draw()
-        except (AndreaError, ValueError, OSError) as e:
+        except Exception as e:  # noqa: BLE001 (matplotlib raises what it likes; a picture never stops a run)
             (say or self.log)(f"note: could not draw {name} ({str(e).rstrip('.')}); training goes on")
 
     def save(self, *names: str) -> Path | None:

@@ -190,7 +190,7 @@ def _read(path: Path, tag: str, vocab_size: int) -> Usage | None:
 
 
 def data_usage(data, tokenizer=None, log=None) -> Usage:
-    """The usage figures of a prepared data folder (`andrea.data.TokenData`): read from its
+    """The usage figures of a prepared data folder (`andrea.shards.TokenData`): read from its
     usage.npz when that matches the manifest, else counted and kept there (written atomically;
     a folder that cannot be written to still gets its figures)."""
     path = data.dir / USAGE_FILE

@@ -421,7 +421,7 @@ def ppmi_vectors(chunks, vocab_size: int, dim: int, window: int = 2, seed: int =
 
 
 def train_token_chunks(data, chunk_tokens: int = 4_000_000):
-    """The training tokens of every source of a prepared data folder (`andrea.data.TokenData`),
+    """The training tokens of every source of a prepared data folder (`andrea.shards.TokenData`),
     in chunks, read from the memory-mapped shards."""
     for source in data.sources.values():
         for shard in source.train.shards:

@@ -62,8 +62,9 @@ def shakespeare_data(tokenizer, root: Path) -> tuple[Path, int]:
     held-out text's size in bytes."""
     import numpy as np
 
-    from andrea.data import VERSION, encode_documents, write_shard
     from andrea.files import atomic_write_bytes
+    from andrea.prepare import encode_documents
+    from andrea.shards import VERSION, write_shard
 
     train, held = shakespeare_text()
     folder = root / f"shakespeare-{tokenizer.fingerprint()[:16]}"
@@ -92,7 +93,7 @@ def score_whole(checkpoint: Path, data_dir: Path, seq_len: int, nbytes: int) -> 
     import torch
 
     from andrea.checkpoint import load_model
-    from andrea.data import TokenData
+    from andrea.shards import TokenData
 
     model, _, _ = load_model(checkpoint)
     model.eval()
@@ -156,7 +157,7 @@ def main(argv=None) -> int:
         main_dir = main_job_data(cfg.n_segments)
         if "shakespeare" in args.tasks:
             from andrea.cache import cache_root
-            from andrea.data import TokenData
+            from andrea.shards import TokenData
 
             sh_dir, sh_bytes = shakespeare_data(TokenData(main_dir).load_tokenizer(), cache_root() / "bench")
     except AndreaError as e:

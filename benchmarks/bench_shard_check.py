@@ -1,4 +1,4 @@
-"""What checking a data folder's shards costs before a run's first step (`andrea.data.verify_shards`).
+"""What checking a data folder's shards costs before a run's first step (`andrea.shards.verify_shards`).
 
 A data folder of random ids (V = 8,449, the default tokenizer's) is written in shards of
 --shard-tokens, with a manifest recording each shard's SHA-256 and largest id, as `andrea prepare`
@@ -24,7 +24,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from andrea.data import MANIFEST_VERSION, VERIFIED_FILE, TokenData, verify_shards, write_shard  # noqa: E402
+from andrea.shards import MANIFEST_VERSION, VERIFIED_FILE, TokenData, verify_shards, write_shard  # noqa: E402
 from benchmarks.common import machine_line, md_table  # noqa: E402
 
 V = 8449

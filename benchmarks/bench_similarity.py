@@ -24,9 +24,9 @@ from pathlib import Path
 from common import machine_line, md_table
 from embedding_pairs import newest_main_checkpoint
 
-from andrea.data import TokenData
 from andrea.embed import load_subject
 from andrea.errors import AndreaError
+from andrea.shards import TokenData
 from andrea.wordsim import LESSON_WORDS, load_wordsets, model_tables, ppmi_vectors, similarity, train_token_chunks, word_index
 
 NAMES = {"input": "model, input table (wte)", "output": "model, output head (lm_head)", "ppmi": "PPMI + SVD, same tokens"}

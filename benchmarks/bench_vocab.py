@@ -54,7 +54,7 @@ def scores(checkpoint: str) -> dict:
 def ppmi_scores(checkpoint: str, data: str) -> dict:
     """The PPMI reference's centred scores on the run's training tokens."""
     from andrea.checkpoint import load_model
-    from andrea.data import TokenData
+    from andrea.shards import TokenData
     from andrea.wordsim import load_wordsets, ppmi_vectors, similarity, train_token_chunks, word_index
 
     model, tok, _ = load_model(checkpoint)

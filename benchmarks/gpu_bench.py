@@ -285,7 +285,7 @@ def cmd_cli(args) -> int:
         run = Path(tmp) / "run"
         # the model's body with the shards' vocabulary (the main job's 6,144 segments on the GPU too), so any
         # prepared folder does
-        from andrea.data import TokenData
+        from andrea.shards import TokenData
 
         get_preset(preset).replace(vocab_size=TokenData(data).vocab_size).save(Path(tmp) / "model.json")
         model = ["--model-config", str(Path(tmp) / "model.json")]

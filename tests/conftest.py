@@ -6,7 +6,8 @@ from helpers import audited_train_args, documents, read_meta, root_train_args, s
 
 from andrea.cli import main
 from andrea.config import ModelConfig, count_params
-from andrea.data import TokenData, prepare
+from andrea.prepare import prepare
+from andrea.shards import TokenData
 from andrea.tokenizer import HarrisTokenizer
 
 
@@ -75,7 +76,7 @@ def data_dir(tmp_path_factory):
     for tiny training runs (tests/test_train.py, tests/test_snapshots.py)."""
     from helpers import synthetic_text
 
-    from andrea.data import prepare
+    from andrea.prepare import prepare
     from andrea.tokenizer import HarrisTokenizer
 
     root = tmp_path_factory.mktemp("train")
@@ -116,7 +117,8 @@ def train_tiny_run(root, recipe: str = "v2", max_steps: int = 16, eval_every: in
     segments on sentences of the lab's words, a 2-layer d = 32 model, `max_steps` steps of 4
     sequences of 32 tokens. Returns the run folder."""
     from andrea.config import ModelConfig
-    from andrea.data import TokenData, prepare
+    from andrea.prepare import prepare
+    from andrea.shards import TokenData
     from andrea.tokenizer import HarrisTokenizer
     from andrea.train import train
     from andrea.trainconfig import TrainConfig

@@ -25,8 +25,8 @@ from safetensors.torch import save_file
 
 from andrea.cli import main
 from andrea.config import ModelConfig
-from andrea.data import HEADER, TokenData, write_shard
 from andrea.model import ANDREA
+from andrea.shards import HEADER, TokenData, write_shard
 from andrea.trainconfig import TrainConfig
 
 WORDS = ("the cat sat on a mat and the dog ran to its pet owner while kings and queens "

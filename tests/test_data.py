@@ -35,8 +35,9 @@ from helpers import (
 
 import andrea.sources as sources
 from andrea.cli import main
-from andrea.data import HEADER, PROGRESS_FILE, TokenData, open_shard, prepare, write_shard
 from andrea.errors import AndreaError
+from andrea.prepare import prepare
+from andrea.shards import HEADER, PROGRESS_FILE, TokenData, open_shard, write_shard
 from andrea.sources import is_validation
 from andrea.tokenizer import BOS, HarrisTokenizer
 from andrea.tokenizer_sample import load_training_texts, sample_source
@@ -216,7 +217,7 @@ def test_shards_have_exact_sizes_checksums_and_windows_stay_inside_one(tmp_path,
 KILLER = textwrap.dedent("""
     import os, signal, sys
     import andrea.sources as sources
-    from andrea.data import prepare
+    from andrea.prepare import prepare
     from andrea.tokenizer import HarrisTokenizer
     sources.CHUNK_BYTES = 5000
     written = []
@@ -332,7 +333,7 @@ def test_the_tokenizer_fits_on_an_even_sample_across_files(tmp_path, capsys, mon
 
 @pytest.mark.hostile
 def test_validation_shards_are_checked_before_the_first_step(text_data, text_model_json, tmp_path, capsys):
-    from andrea.data import write_shard
+    from andrea.shards import write_shard
 
     # ids >= V in the validation shard (the file itself is a well-formed shard)
     data = damaged_data(text_data, tmp_path)

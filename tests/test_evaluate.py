@@ -8,9 +8,9 @@ import pytest
 import torch
 from helpers import tiny_config
 
-from andrea.data import TokenData
 from andrea.evaluate import bits_per_byte, evaluate, token_byte_lengths
 from andrea.model import ANDREA
+from andrea.shards import TokenData
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

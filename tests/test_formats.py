@@ -23,7 +23,6 @@ from safetensors.torch import save_file
 from andrea.checkpoint import load_checkpoint, save_checkpoint
 from andrea.cli import main
 from andrea.config import ModelConfig
-from andrea.data import prepare
 from andrea.errors import AndreaError
 from andrea.formats import adam_moments, convert, detect_format, read_model
 from andrea.formats.bin import read_bin
@@ -31,6 +30,7 @@ from andrea.formats.hf import read_hf, tokenizers_json
 from andrea.formats.portable import read_json
 from andrea.model import ANDREA
 from andrea.optim import make_optimizer
+from andrea.prepare import prepare
 from andrea.tokenizer import HarrisTokenizer
 from andrea.trainconfig import TrainConfig
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from helpers import synthetic_text
 
-from andrea.data import prepare
+from andrea.prepare import prepare
 from andrea.tokenizer import HarrisTokenizer
 
 ROOT = Path(__file__).resolve().parent.parent

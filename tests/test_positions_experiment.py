@@ -12,7 +12,6 @@ import torch
 
 from andrea.cli import main
 from andrea.config import ModelConfig
-from andrea.data import TokenData, prepare
 from andrea.errors import AndreaError
 from andrea.evaluate import token_byte_lengths
 from andrea.experiments.positions import (
@@ -24,6 +23,8 @@ from andrea.experiments.positions import (
     run_positions_experiment,
 )
 from andrea.model import ANDREA
+from andrea.prepare import prepare
+from andrea.shards import TokenData
 from andrea.tokenizer import HarrisTokenizer
 
 WORDS = "the cat sat on a mat and the dog ran to its pet while kings and queens talked of old things".split()

@@ -15,7 +15,6 @@ import torch
 
 from andrea.cli import main
 from andrea.config import ModelConfig
-from andrea.data import TokenData, prepare
 from andrea.experiments.sparse_updates import (
     OPTIMIZERS,
     SparseUpdatesExperiment,
@@ -26,6 +25,8 @@ from andrea.experiments.sparse_updates import (
 )
 from andrea.model import ANDREA
 from andrea.optim import MUON, is_block_matrix, make_optimizer, param_groups
+from andrea.prepare import prepare
+from andrea.shards import TokenData
 from andrea.tokenizer import HarrisTokenizer
 from andrea.trainconfig import DEFAULT_LR
 

@@ -21,8 +21,8 @@ from helpers import cli, copy_text_run, one_sentence, opts, quiet, snapshot, tex
 from andrea.checkpoint import load_checkpoint
 from andrea.cli import main
 from andrea.config import ModelConfig
-from andrea.data import HEADER, open_shard, write_shard
 from andrea.errors import AndreaError
+from andrea.shards import HEADER, open_shard, write_shard
 from andrea.train import train
 
 

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from andrea.data import TokenData, prepare
+from andrea.prepare import prepare
+from andrea.shards import TokenData
 from andrea.tokenizer import BOS, HarrisTokenizer
 from andrea.usage import USAGE_FILE, count_usage, data_usage, starts_word
 

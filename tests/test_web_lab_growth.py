@@ -12,7 +12,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from andrea import embed
-from andrea.data import TokenData
+from andrea.shards import TokenData
 from andrea.snapshots import snapshot_steps
 from andrea.timeline import WHY_UNSEEN, Timeline, aligned_map, neighbours_at, pair_series, rho_series, row_updates
 from andrea.web import lab_growth as web_growth

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 def cmd_main(args) -> int:
     from andrea.config import N_SPECIAL
-    from andrea.data import MAX_VOCAB
     from andrea.errors import AndreaError
     from andrea.mainjob import MainJob, run_main_job
+    from andrea.shards import MAX_VOCAB
 
     if args.steps is not None and args.steps < 1:
         raise AndreaError(f"--steps must be at least 1, got {args.steps}.")

@@ -35,9 +35,9 @@ def _data_dir(args, checkpoint: Path) -> Path:
 
 def cmd_similarity(args) -> int:
     from andrea.cli.embed import check_source
-    from andrea.data import TokenData
     from andrea.embed import load_subject
     from andrea.errors import AndreaError
+    from andrea.shards import TokenData
     from andrea.wordsim import load_wordsets, model_tables, ppmi_vectors, similarity, train_token_chunks, word_index
 
     check_source(args)

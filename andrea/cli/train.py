@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-SHARD_TOKENS = 100_000_000  # andrea.data.SHARD_TOKENS (not imported here: --help stays fast)
-MIN_SHARD_TOKENS = 1_000  # andrea.data.MIN_SHARD_TOKENS
+SHARD_TOKENS = 100_000_000  # andrea.prepare.SHARD_TOKENS (not imported here: --help stays fast)
+MIN_SHARD_TOKENS = 1_000  # andrea.prepare.MIN_SHARD_TOKENS
 
 
 def cmd_prepare(args) -> int:
-    from andrea.data import prepare
     from andrea.errors import AndreaError
+    from andrea.prepare import prepare
     from andrea.tokenizer import HarrisTokenizer
 
     tokenizer = HarrisTokenizer.load(args.tokenizer)

@@ -147,7 +147,7 @@ def measure(model, windows: dict, seq_len: int, byte_len: torch.Tensor) -> dict:
 
 def run_positions_experiment(exp: PositionsExperiment, log=print, progress: bool = True) -> dict:
     from andrea.checkpoint import load_model
-    from andrea.data import TokenData
+    from andrea.shards import TokenData
     from andrea.train import train
     from andrea.trainconfig import TrainConfig
 

@@ -97,7 +97,7 @@ def make_batches(exp: SparseUpdatesExperiment) -> tuple[list, int, str]:
     rng = np.random.default_rng(exp.seed)
     B, T = exp.batch_size, exp.seq_len
     if exp.data_dir is not None:
-        from andrea.data import TokenData
+        from andrea.shards import TokenData
 
         data = TokenData(exp.data_dir)
         data.check_context(T)

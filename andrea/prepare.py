@@ -1,0 +1,402 @@
+"""`andrea prepare`: sources streamed, encoded on every core and written as token shards.
+
+Each source's documents (andrea.sources: .txt, .jsonl, .parquet, plain or compressed, folders of
+them) are read as a stream, encoded by forked worker processes, and written as parts of about
+`shard_tokens` training tokens in the format of andrea.shards. A shard is written as
+`<file>.partial` and renamed when whole; `manifest.json` is removed at the start and written last.
+While a preparation runs, `prepare-progress.json` records the finished parts: run again with the
+same settings, preparation resumes after the last of them, and a finished folder prepared again
+reuses every source whose files have not changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+import re
+import sys
+from array import array
+from collections import deque
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+from andrea.config import BOS, is_int
+from andrea.errors import AndreaError
+from andrea.files import (
+    atomic_write_bytes,
+    check_writable,
+    read_json,
+    remove_dead_temps,
+    replace_durably,
+    write_error_reason,
+)
+from andrea.shards import (
+    HEADER,
+    MAGIC,
+    MANIFEST_VERSION,
+    MAX_VOCAB,
+    PROGRESS_FILE,
+    VERSION,
+    ShardedTokens,
+    open_shard,
+    write_shard,
+)
+
+SHARD_TOKENS = 100_000_000  # training tokens per shard (a 200 MB file), by default
+MIN_SHARD_TOKENS, MAX_SHARD_TOKENS = 1_000, 2**40  # the shard size prepare accepts
+
+
+def encode_documents(tokenizer, docs: list[str]) -> np.ndarray:
+    """All documents, each as [BOS] tokens..., concatenated into one uint16 array."""
+    if tokenizer.vocab_size > MAX_VOCAB:
+        raise AndreaError(f"the tokenizer has V = {tokenizer.vocab_size}; uint16 shards hold at most {MAX_VOCAB:,}.")
+    pieces = tokenizer.encode_batch(docs, bos=True)
+    if not pieces:
+        return np.zeros(0, dtype=np.uint16)
+    return np.concatenate([np.asarray(p, dtype=np.uint16) for p in pieces])
+
+
+_tok = None  # the tokenizer that run_task encodes with; worker processes inherit it when they fork
+
+
+def run_task(task):
+    """Encode one reader task (andrea.sources): (train tokens, val tokens, [train documents, val
+    documents, train bytes, val bytes]), the tokens as arrays of uint16."""
+    from andrea.sources import documents
+
+    train, val = array("H"), array("H")
+    stats = [0, 0, 0, 0]
+    encode = _tok.encode
+    for text, bos, in_val, n in documents(task):
+        ids = encode(text, bos)
+        if in_val:
+            val.extend(ids)
+            stats[1] += bos
+            stats[3] += n
+        else:
+            train.extend(ids)
+            stats[0] += bos
+            stats[2] += n
+    return train, val, stats
+
+
+class _Ready:
+    """A task run in this process, when it is asked for (keeps the order of a pool's results)."""
+
+    def __init__(self, task):
+        self.task = task
+
+    def get(self):
+        return run_task(self.task)
+
+
+class _Workers:
+    """Worker processes, forked once with the tokenizer (so their word caches stay warm)."""
+
+    def __init__(self, tokenizer, workers: int):
+        global _tok
+        from andrea.tokenizer import _can_fork
+
+        _tok = tokenizer
+        self.n = max(1, workers)
+        self.pool = None
+        if self.n > 1 and _can_fork():
+            self.pool = multiprocessing.get_context("fork").Pool(self.n)
+
+    def submit(self, task):
+        return self.pool.apply_async(run_task, (task,)) if self.pool is not None else _Ready(task)
+
+    def close(self):
+        if self.pool is not None:
+            self.pool.terminate()
+            self.pool.join()
+            self.pool = None
+
+
+class _ShardWriter:
+    """One shard written as it grows: into `<file>.partial`, header filled in and renamed to
+    `<file>` only when it is closed, so a shard under its real name is always whole."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.tmp = path.with_name(path.name + ".partial")
+        self.f = None
+        self.sha = hashlib.sha256()
+        self.count = 0
+        self.max_id = -1
+        with self._refused():
+            self.f = open(self.tmp, "wb")
+            self.f.write(bytes(HEADER.size))
+
+    @contextmanager
+    def _refused(self):
+        """A write the system refuses (a full disk) ends in one sentence that names the shard."""
+        try:
+            yield
+        except OSError as e:
+            self.abort()
+            raise AndreaError(f"could not write {self.path} ({write_error_reason(e)}); the parts before it are whole: "
+                              f"make room and run the same `andrea prepare` again to resume after them.") from None
+
+    def write(self, tokens: array) -> None:
+        if not tokens:
+            return
+        if sys.byteorder == "big":
+            tokens = array("H", tokens)
+            tokens.byteswap()
+        data = tokens.tobytes()
+        with self._refused():
+            self.f.write(data)
+        self.sha.update(data)
+        self.count += len(tokens)
+        self.max_id = max(self.max_id, int(np.frombuffer(data, dtype="<u2").max()))
+
+    def close(self) -> dict:
+        with self._refused():
+            self.f.seek(0)
+            self.f.write(HEADER.pack(MAGIC, VERSION, 2, self.count, 0))
+            self.f.close()
+            replace_durably(self.tmp, self.path)
+        return {"file": self.path.name, "tokens": self.count, "sha256": self.sha.hexdigest(), "max_id": self.max_id}
+
+    def abort(self) -> None:
+        if self.f is not None:
+            try:
+                self.f.close()
+            except OSError:
+                pass  # the buffered tail cannot be written either; the file goes
+        self.tmp.unlink(missing_ok=True)
+
+
+def _shard_name(name: str, split: str, part: int) -> str:
+    return f"{name}.{split}.{part:05d}.tok"
+
+
+def _own_files(out: Path, name: str) -> list[Path]:
+    """The shard files (whole or partial) prepare writes for a source, whatever their part."""
+    pattern = re.compile(re.escape(name) + r"\.(train|val)\.\d{5}\.tok(\.partial)?")
+    return [p for p in out.iterdir() if pattern.fullmatch(p.name)]
+
+
+def _settings(tokenizer, text_field, val_share, shard_tokens) -> dict:
+    from andrea import sources
+
+    return {"version": MANIFEST_VERSION, "tokenizer": tokenizer.fingerprint(), "text_field": text_field,
+            "val_share": val_share, "shard_tokens": shard_tokens,
+            "reader": [sources.CHUNK_BYTES, sources.DOC_BYTES, sources.PIECE_BYTES]}
+
+
+def _load_state(out: Path, settings: dict) -> dict:
+    """What an earlier, unfinished (or finished) preparation into `out` with the same settings
+    completed: {source name: {"signature", "parts", "done", "entry"}}."""
+    for file in (out / PROGRESS_FILE, out / "manifest.json"):
+        try:
+            saved = read_json(file, "preparation record")
+        except AndreaError:  # absent or damaged: that work is done again
+            continue
+        if not isinstance(saved, dict) or saved.get("settings") != settings:
+            continue
+        if file.name == PROGRESS_FILE and isinstance(saved.get("sources"), dict):
+            return saved["sources"]
+        if isinstance(saved.get("sources"), dict):  # a finished preparation: every source is done
+            return {name: {"signature": e.get("signature"), "parts": [], "done": True, "entry": e}
+                    for name, e in saved["sources"].items() if isinstance(e, dict)}
+    return {}
+
+
+def _save_state(out: Path, settings: dict, state: dict) -> None:
+    atomic_write_bytes(out / PROGRESS_FILE, (json.dumps({"settings": settings, "sources": state}, indent=1) + "\n").encode())
+
+
+def _split_entry(parts: list[dict], split: str) -> dict:
+    shards = [p[split] for p in parts]
+    return {"tokens": sum(s["tokens"] for s in shards), "documents": sum(p["stats"][split]["documents"] for p in parts),
+            "bytes": sum(p["stats"][split]["bytes"] for p in parts), "shards": shards}
+
+
+def prepare(tokenizer, sources: list[str], out_dir, log=print, progress: bool = True, *, text_field: str = "text",
+            val_share: float | None = None, shard_tokens: int = SHARD_TOKENS, workers: int | None = None) -> dict:
+    """Tokenize every source (andrea.sources) into train and val shards; write the manifest.
+
+    Documents are streamed and encoded on `workers` processes (default: every core), and each
+    source is written as parts of about `shard_tokens` training tokens: a train shard and a val
+    shard per part, each renamed into place when whole. After each part the progress is saved,
+    so a preparation that is stopped (killed, out of disk) resumes after its last whole part when
+    run again with the same settings. `manifest.json` is removed at the start and written, listing
+    every shard with its token count and SHA-256, only when every source is done.
+    """
+    from tqdm import tqdm
+
+    from andrea.sources import VAL_SHARE, resolve
+
+    out = Path(out_dir)
+    if not sources:
+        raise AndreaError("give at least one source to prepare.")
+    val_share = VAL_SHARE if val_share is None else float(val_share)
+    if not 0 <= val_share < 1:
+        raise AndreaError(f"the validation share must be at least 0 and below 1, not {val_share}.")
+    if not is_int(shard_tokens) or not MIN_SHARD_TOKENS <= shard_tokens <= MAX_SHARD_TOKENS:
+        raise AndreaError(f"shard_tokens must be a whole number of tokens from {MIN_SHARD_TOKENS:,} to "
+                          f"{MAX_SHARD_TOKENS:,} (a file per few tokens would make millions of files), "
+                          f"not {str(shard_tokens)[:40]}.")
+    if tokenizer.vocab_size > MAX_VOCAB:
+        raise AndreaError(f"the tokenizer has V = {tokenizer.vocab_size}; uint16 shards hold at most {MAX_VOCAB:,}.")
+    specs = [resolve(s) for s in sources]
+    seen = {}
+    for spec, given in zip(specs, sources):
+        if spec.name in seen:
+            raise AndreaError(f"{seen[spec.name]} and {given} are both named {spec.name}; name one with NAME=PATH.")
+        seen[spec.name] = given
+    check_writable(out, "the data folder")
+    remove_dead_temps(out)  # the manifest's or the progress record's, from a preparation that was killed
+    settings = _settings(tokenizer, text_field, val_share, int(shard_tokens))
+    state = _load_state(out, settings)
+    state = {s.name: state[s.name] for s in specs if s.name in state and state[s.name].get("signature") == s.signature()}
+    _save_state(out, settings, state)
+    (out / "manifest.json").unlink(missing_ok=True)  # written again once every source is whole
+
+    say = log
+    bar = tqdm(total=sum(s.size for s in specs), unit="B", unit_scale=True, unit_divisor=1024, desc="preparing",
+               disable=not progress, leave=False, smoothing=0.05)
+    if progress and log is print:
+        say = bar.write
+    pool = _Workers(tokenizer, workers or os.cpu_count() or 1)
+    manifest = {"format": "andrea-shards", "version": MANIFEST_VERSION, "tokenizer": tokenizer.fingerprint(),
+                "vocab_size": tokenizer.vocab_size, "sources": {}}
+    try:
+        for spec in specs:
+            entry = _prepare_source(spec, state, settings, out, pool, bar, say)
+            manifest["sources"][spec.name] = entry
+            tr, va = entry["train"], entry["val"]
+            say(f"{spec.name:<12} train {tr['tokens']:>11,} tokens ({tr['bytes'] / max(1, tr['tokens']):.2f} bytes/token, "
+                f"{len(tr['shards'])} shard{'s' if len(tr['shards']) != 1 else ''})  val {va['tokens']:>9,} tokens")
+    finally:
+        pool.close()
+        bar.close()
+    tokenizer.save(out / "tokenizer")
+    manifest["settings"] = settings
+    atomic_write_bytes(out / "manifest.json", (json.dumps(manifest, indent=2) + "\n").encode())
+    (out / PROGRESS_FILE).unlink(missing_ok=True)
+    return manifest
+
+
+def _prepare_source(spec, state: dict, settings: dict, out: Path, pool: _Workers, bar, say) -> dict:
+    from andrea.sources import tasks
+
+    st = state.get(spec.name)
+    if st is None:
+        st = state[spec.name] = {"signature": spec.signature(), "path": str(spec.path), "parts": [], "done": False}
+    if st["done"]:
+        bar.update(spec.size)
+        return st["entry"]
+    parts = st["parts"]
+    keep = {p[split]["file"] for p in parts for split in ("train", "val")}
+    for f in _own_files(out, spec.name):
+        if f.name not in keep:
+            f.unlink()
+    # where the parts written so far end: at task `resume[0]`, after its first resume[1] train and
+    # resume[2] val tokens (a part can end inside a task's output, so shards have exact sizes)
+    resume = parts[-1]["resume"] if parts else [0, 0, 0]
+    shard_tokens = settings["shard_tokens"]
+    current = {}  # the part being written: its writers and document counts
+    pending = deque()
+
+    def open_part():
+        k = len(parts)
+        current.update(train=_ShardWriter(out / _shard_name(spec.name, "train", k)),
+                       val=_ShardWriter(out / _shard_name(spec.name, "val", k)), stats=[0, 0, 0, 0])
+
+    def close_part(resume_at: list[int], full: bool = True):
+        stats = current["stats"]
+        part = {"train": current["train"].close(), "val": current["val"].close(), "resume": resume_at,
+                "stats": {"train": {"documents": stats[0], "bytes": stats[2]}, "val": {"documents": stats[1], "bytes": stats[3]}}}
+        parts.append(part)
+        current.clear()
+        _save_state(out, settings, state)
+        if full:
+            say(f"{spec.name}: part {len(parts) - 1} written ({part['train']['tokens']:,} train, {part['val']['tokens']:,} val tokens)")
+
+    def take():
+        result, disk, index = pending.popleft()
+        train, val, stats = result.get()
+        done_train = done_val = 0
+        if index == resume[0] and (resume[1] or resume[2]):  # the rest of a task a closed part ends inside
+            done_train, done_val = resume[1], resume[2]
+            train, val, stats = train[done_train:], val[done_val:], [0, 0, 0, 0]
+        if not current:
+            open_part()
+        current["stats"] = [a + b for a, b in zip(current["stats"], stats)]
+        current["val"].write(val)
+        done_val += len(val)
+        pos = 0
+        while pos < len(train):
+            n = min(shard_tokens - current["train"].count, len(train) - pos)
+            current["train"].write(train[pos : pos + n])
+            pos += n
+            if current["train"].count >= shard_tokens:
+                close_part([index, done_train + pos, done_val] if pos < len(train) else [index + 1, 0, 0])
+                if pos < len(train):
+                    open_part()
+        bar.update(disk)
+
+    try:
+        index = -1
+        for index, (task, disk) in enumerate(tasks(spec, settings["text_field"], settings["val_share"])):
+            if index < resume[0]:
+                bar.update(disk)
+                continue
+            pending.append((pool.submit(task), disk, index))
+            if len(pending) >= 2 * pool.n + 2:
+                take()
+        while pending:
+            take()
+        if not parts and (not current or not (current["stats"][0] or current["stats"][1])):
+            raise AndreaError(f"source {spec.name} ({spec.path}) holds no text.")
+        if current or not parts:
+            if not current:
+                open_part()
+            close_part([index + 1, 0, 0], full=False)
+    except BaseException:
+        for key in ("train", "val"):
+            if key in current:
+                current[key].abort()
+        raise
+    if parts[-1]["train"]["tokens"] == 0 and parts[-1]["val"]["tokens"] == 0 and len(parts) > 1:
+        for split in ("train", "val"):
+            (out / parts[-1][split]["file"]).unlink(missing_ok=True)
+        parts.pop()
+    entry = {"path": str(spec.path), "files": len(spec.files), "train": _split_entry(parts, "train"),
+             "val": _split_entry(parts, "val"), "val_from_train": False, "signature": st["signature"]}
+    if entry["val"]["tokens"] == 0 and entry["train"]["tokens"] > 0:
+        _val_from_last_document(out, spec.name, parts, entry)
+        say(f"note: {spec.name} has too few documents for one to fall in validation by hash; "
+            f"its last document ({entry['val']['tokens']:,} tokens) is used for validation too")
+    st["done"], st["entry"] = True, entry
+    _save_state(out, settings, state)
+    return entry
+
+
+VAL_FALLBACK_TOKENS = 1_000_000
+
+
+def _val_from_last_document(out: Path, name: str, parts: list[dict], entry: dict) -> None:
+    """A source with no validation document: copy (the start of) its last training document into
+    the last part's val shard, so that it can still be evaluated."""
+    tokens = ShardedTokens([open_shard(out / p["train"]["file"]) for p in parts])
+    n = len(tokens)
+    tail = tokens[max(0, n - VAL_FALLBACK_TOKENS) :]
+    starts = np.flatnonzero(tail == BOS)
+    start = n - len(tail) + (int(starts[-1]) if len(starts) else 0)
+    doc = tokens[start : start + VAL_FALLBACK_TOKENS]
+    del tokens
+    file = out / parts[-1]["val"]["file"]
+    write_shard(file, doc)
+    data = doc.astype("<u2").tobytes()
+    parts[-1]["val"] = {"file": file.name, "tokens": len(doc), "sha256": hashlib.sha256(data).hexdigest(),
+                        "max_id": int(doc.max()) if len(doc) else -1}
+    entry["val"] = _split_entry(parts, "val")
+    entry["val_from_train"] = True
