@@ -45,6 +45,7 @@ from andrea.shards import (
     open_shard,
     write_shard,
 )
+from andrea.sources import CHUNK_BYTES, DOC_BYTES, PIECE_BYTES, VAL_SHARE, documents, resolve, tasks
 
 SHARD_TOKENS = 100_000_000  # training tokens per shard (a 200 MB file), by default
 MIN_SHARD_TOKENS, MAX_SHARD_TOKENS = 1_000, 2**40  # the shard size prepare accepts
@@ -66,8 +67,6 @@ _tok = None  # the tokenizer that run_task encodes with; worker processes inheri
 def run_task(task):
     """Encode one reader task (andrea.sources): (train tokens, val tokens, [train documents, val
     documents, train bytes, val bytes]), the tokens as arrays of uint16."""
-    from andrea.sources import documents
-
     train, val = array("H"), array("H")
     stats = [0, 0, 0, 0]
     encode = _tok.encode
@@ -183,11 +182,8 @@ def _own_files(out: Path, name: str) -> list[Path]:
 
 
 def _settings(tokenizer, text_field, val_share, shard_tokens) -> dict:
-    from andrea import sources
-
     return {"version": MANIFEST_VERSION, "tokenizer": tokenizer.fingerprint(), "text_field": text_field,
-            "val_share": val_share, "shard_tokens": shard_tokens,
-            "reader": [sources.CHUNK_BYTES, sources.DOC_BYTES, sources.PIECE_BYTES]}
+            "val_share": val_share, "shard_tokens": shard_tokens, "reader": [CHUNK_BYTES, DOC_BYTES, PIECE_BYTES]}
 
 
 def _load_state(out: Path, settings: dict) -> dict:
@@ -229,9 +225,7 @@ def prepare(tokenizer, sources: list[str], out_dir, log=print, progress: bool = 
     run again with the same settings. `manifest.json` is removed at the start and written, listing
     every shard with its token count and SHA-256, only when every source is done.
     """
-    from tqdm import tqdm
-
-    from andrea.sources import VAL_SHARE, resolve
+    from tqdm import tqdm  # loaded when a preparation starts, not when andrea.prepare is imported
 
     out = Path(out_dir)
     if not sources:
@@ -284,9 +278,86 @@ def prepare(tokenizer, sources: list[str], out_dir, log=print, progress: bool = 
     return manifest
 
 
-def _prepare_source(spec, state: dict, settings: dict, out: Path, pool: _Workers, bar, say) -> dict:
-    from andrea.sources import tasks
+class _SourceParts:
+    """One source's parts while they are written: the part open now, the tasks handed to the
+    workers and not yet taken, and where a resumed preparation picks up."""
 
+    def __init__(self, spec, state: dict, settings: dict, out: Path, bar, say):
+        self.spec, self.state, self.settings, self.out, self.bar, self.say = spec, state, settings, out, bar, say
+        self.parts = state[spec.name]["parts"]
+        # where the parts written so far end: at task `resume[0]`, after its first resume[1] train and
+        # resume[2] val tokens (a part can end inside a task's output, so shards have exact sizes)
+        self.resume = self.parts[-1]["resume"] if self.parts else [0, 0, 0]
+        self.current = {}  # the part being written: its writers and document counts
+        self.pending = deque()
+
+    def open_part(self) -> None:
+        k, name = len(self.parts), self.spec.name
+        self.current.update(train=_ShardWriter(self.out / _shard_name(name, "train", k)),
+                            val=_ShardWriter(self.out / _shard_name(name, "val", k)), stats=[0, 0, 0, 0])
+
+    def close_part(self, resume_at: list[int], full: bool = True) -> None:
+        stats = self.current["stats"]
+        part = {"train": self.current["train"].close(), "val": self.current["val"].close(), "resume": resume_at,
+                "stats": {"train": {"documents": stats[0], "bytes": stats[2]}, "val": {"documents": stats[1], "bytes": stats[3]}}}
+        self.parts.append(part)
+        self.current.clear()
+        _save_state(self.out, self.settings, self.state)
+        if full:
+            self.say(f"{self.spec.name}: part {len(self.parts) - 1} written ({part['train']['tokens']:,} train, "
+                     f"{part['val']['tokens']:,} val tokens)")
+
+    def take(self) -> None:
+        """Write the oldest pending task's tokens, closing a part whenever it holds shard_tokens."""
+        result, disk, index = self.pending.popleft()
+        train, val, stats = result.get()
+        done_train = done_val = 0
+        if index == self.resume[0] and (self.resume[1] or self.resume[2]):  # the rest of a task a closed part ends inside
+            done_train, done_val = self.resume[1], self.resume[2]
+            train, val, stats = train[done_train:], val[done_val:], [0, 0, 0, 0]
+        if not self.current:
+            self.open_part()
+        self.current["stats"] = [a + b for a, b in zip(self.current["stats"], stats)]
+        self.current["val"].write(val)
+        done_val += len(val)
+        pos, limit = 0, self.settings["shard_tokens"]
+        while pos < len(train):
+            n = min(limit - self.current["train"].count, len(train) - pos)
+            self.current["train"].write(train[pos : pos + n])
+            pos += n
+            if self.current["train"].count >= limit:
+                self.close_part([index, done_train + pos, done_val] if pos < len(train) else [index + 1, 0, 0])
+                if pos < len(train):
+                    self.open_part()
+        self.bar.update(disk)
+
+    def write_all(self, pool: _Workers) -> None:
+        """Every task of the source through the workers, in order, at most 2·workers + 2 ahead."""
+        index = -1
+        for index, (task, disk) in enumerate(tasks(self.spec, self.settings["text_field"], self.settings["val_share"])):
+            if index < self.resume[0]:
+                self.bar.update(disk)
+                continue
+            self.pending.append((pool.submit(task), disk, index))
+            if len(self.pending) >= 2 * pool.n + 2:
+                self.take()
+        while self.pending:
+            self.take()
+        if not self.parts and (not self.current or not (self.current["stats"][0] or self.current["stats"][1])):
+            raise AndreaError(f"source {self.spec.name} ({self.spec.path}) holds no text.")
+        if self.current or not self.parts:
+            if not self.current:
+                self.open_part()
+            self.close_part([index + 1, 0, 0], full=False)
+
+    def abort(self) -> None:
+        for key in ("train", "val"):
+            if key in self.current:
+                self.current[key].abort()
+
+
+def _prepare_source(spec, state: dict, settings: dict, out: Path, pool: _Workers, bar, say) -> dict:
+    """Write one source's parts (resuming after those already written) and return its manifest entry."""
     st = state.get(spec.name)
     if st is None:
         st = state[spec.name] = {"signature": spec.signature(), "path": str(spec.path), "parts": [], "done": False}
@@ -298,72 +369,11 @@ def _prepare_source(spec, state: dict, settings: dict, out: Path, pool: _Workers
     for f in _own_files(out, spec.name):
         if f.name not in keep:
             f.unlink()
-    # where the parts written so far end: at task `resume[0]`, after its first resume[1] train and
-    # resume[2] val tokens (a part can end inside a task's output, so shards have exact sizes)
-    resume = parts[-1]["resume"] if parts else [0, 0, 0]
-    shard_tokens = settings["shard_tokens"]
-    current = {}  # the part being written: its writers and document counts
-    pending = deque()
-
-    def open_part():
-        k = len(parts)
-        current.update(train=_ShardWriter(out / _shard_name(spec.name, "train", k)),
-                       val=_ShardWriter(out / _shard_name(spec.name, "val", k)), stats=[0, 0, 0, 0])
-
-    def close_part(resume_at: list[int], full: bool = True):
-        stats = current["stats"]
-        part = {"train": current["train"].close(), "val": current["val"].close(), "resume": resume_at,
-                "stats": {"train": {"documents": stats[0], "bytes": stats[2]}, "val": {"documents": stats[1], "bytes": stats[3]}}}
-        parts.append(part)
-        current.clear()
-        _save_state(out, settings, state)
-        if full:
-            say(f"{spec.name}: part {len(parts) - 1} written ({part['train']['tokens']:,} train, {part['val']['tokens']:,} val tokens)")
-
-    def take():
-        result, disk, index = pending.popleft()
-        train, val, stats = result.get()
-        done_train = done_val = 0
-        if index == resume[0] and (resume[1] or resume[2]):  # the rest of a task a closed part ends inside
-            done_train, done_val = resume[1], resume[2]
-            train, val, stats = train[done_train:], val[done_val:], [0, 0, 0, 0]
-        if not current:
-            open_part()
-        current["stats"] = [a + b for a, b in zip(current["stats"], stats)]
-        current["val"].write(val)
-        done_val += len(val)
-        pos = 0
-        while pos < len(train):
-            n = min(shard_tokens - current["train"].count, len(train) - pos)
-            current["train"].write(train[pos : pos + n])
-            pos += n
-            if current["train"].count >= shard_tokens:
-                close_part([index, done_train + pos, done_val] if pos < len(train) else [index + 1, 0, 0])
-                if pos < len(train):
-                    open_part()
-        bar.update(disk)
-
+    writer = _SourceParts(spec, state, settings, out, bar, say)
     try:
-        index = -1
-        for index, (task, disk) in enumerate(tasks(spec, settings["text_field"], settings["val_share"])):
-            if index < resume[0]:
-                bar.update(disk)
-                continue
-            pending.append((pool.submit(task), disk, index))
-            if len(pending) >= 2 * pool.n + 2:
-                take()
-        while pending:
-            take()
-        if not parts and (not current or not (current["stats"][0] or current["stats"][1])):
-            raise AndreaError(f"source {spec.name} ({spec.path}) holds no text.")
-        if current or not parts:
-            if not current:
-                open_part()
-            close_part([index + 1, 0, 0], full=False)
+        writer.write_all(pool)
     except BaseException:
-        for key in ("train", "val"):
-            if key in current:
-                current[key].abort()
+        writer.abort()
         raise
     if parts[-1]["train"]["tokens"] == 0 and parts[-1]["val"]["tokens"] == 0 and len(parts) > 1:
         for split in ("train", "val"):

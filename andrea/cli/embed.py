@@ -436,7 +436,16 @@ def register(sub) -> None:
                                    "the blocks do with a prompt (attention, the logit lens). `andrea lab` shows the "
                                    "same in a browser.")
     esub = p.add_subparsers(dest="embed_command", metavar="ACTION", required=True)
+    _register_tables(esub, common)
+    _register_prompts(esub, common)
+    from andrea.cli.similarity import register_embed
 
+    register_embed(esub, common)
+    _register_experiments(sub)
+
+
+def _register_tables(esub, common) -> None:
+    """The commands that read the tables: table, show, compare, neighbours, positions, map, export."""
     t = esub.add_parser("table", parents=[common], help="where the parameters live, as a table and a chart")
     t.add_argument("--png", help="the chart's file (default embed-table-<model>.png in the current folder)")
     t.set_defaults(func=cmd_table)
@@ -478,6 +487,14 @@ def register(sub) -> None:
     m.add_argument("--png", help="the picture's file (default embed-map-<model>.png in the current folder)")
     m.set_defaults(func=cmd_map)
 
+    e = esub.add_parser("export", parents=[common], help="vectors.tsv and metadata.tsv for the TensorFlow Embedding Projector")
+    e.add_argument("--projector", required=True, metavar="DIR", help="the folder to write the two files to")
+    e.add_argument("--table", choices=["input", "output"], default="input", help="input (default) or output")
+    e.set_defaults(func=cmd_export)
+
+
+def _register_prompts(esub, common) -> None:
+    """The commands that run a prompt through the model: forward, attention, lens."""
     f = esub.add_parser("forward", parents=[common], help="the matrix x = wte[ids] + wpe[0:T] that enters block 1")
     f.add_argument("text")
     f.add_argument("--no-bos", action="store_true", help="leave out the BOS token every document starts with")
@@ -502,16 +519,6 @@ def register(sub) -> None:
     ln.add_argument("-k", type=int, default=3, help="predictions per stage and position (default 3)")
     ln.add_argument("--no-bos", action="store_true", help="leave out the BOS token every document starts with")
     ln.set_defaults(func=cmd_lens)
-
-    e = esub.add_parser("export", parents=[common], help="vectors.tsv and metadata.tsv for the TensorFlow Embedding Projector")
-    e.add_argument("--projector", required=True, metavar="DIR", help="the folder to write the two files to")
-    e.add_argument("--table", choices=["input", "output"], default="input", help="input (default) or output")
-    e.set_defaults(func=cmd_export)
-    from andrea.cli.similarity import register_embed
-
-    register_embed(esub, common)
-
-    _register_experiments(sub)
 
 
 def _register_experiments(sub) -> None:
