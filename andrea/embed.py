@@ -303,18 +303,34 @@ def _lookup_dict(lk: Lookup) -> dict:
 
 
 def neighbours(model, tokenizer, word: str, k: int = 10, metric: str = "cos", which: str = "input",
-              bare: bool = False, whole_words: bool = False) -> dict:
+              bare: bool = False, whole_words: bool = False, usage=None) -> dict:
     """The k tokens nearest to a token or word (its own tokens left out), optionally only among
-    whole-word tokens; with the word's row norm."""
+    whole words; with the word's row norm. With `usage` (andrea.usage, the training data's), the
+    word's usage and each neighbour's standalone share come too, and whole words are the
+    whole-word tokens that mostly stand alone and were seen enough; without it, every token of a
+    space and letters counts as a whole word."""
     V = model.config.vocab_size
     lk = lookup(tokenizer, word, V, bare)
     m = table(model, which)
     vec = word_vector(m, lk)
-    only = whole_word_mask(tokenizer, V) if whole_words else None
+    only = None
+    if whole_words:
+        only = whole_word_mask(tokenizer, V)
+        if usage is not None:
+            only &= usage.standalone_words()
     rows = nearest(m, vec, k, metric, exclude=set(lk.ids), only=only)
-    return {"word": _lookup_dict(lk), "table": which, "metric": metric, "whole_words": whole_words,
-            "norm": float(np.linalg.norm(vec)),
-            "neighbours": [{"id": i, "piece": tokenizer.id_to_piece(i), "score": s} for i, s in rows]}
+    out = {"word": _lookup_dict(lk), "table": which, "metric": metric, "whole_words": whole_words,
+           "whole_words_rule": None if not whole_words else "a space and letters" if usage is None else
+           "a space and letters, standing alone in at least 80% of at least 20 uses",
+           "norm": float(np.linalg.norm(vec)),
+           "neighbours": [{"id": i, "piece": tokenizer.id_to_piece(i), "score": s} for i, s in rows]}
+    if usage is not None:
+        label = lambda i: show_piece(tokenizer.id_to_piece(i))  # noqa: E731
+        out["usage"] = usage.record(lk.ids[0], label) if lk.single else None
+        out["usage_line"] = usage.sentence(lk.ids[0], label) if lk.single else None
+        for n in out["neighbours"]:
+            n["standalone_share"] = usage.share(n["id"])
+    return out
 
 
 def show_tokens(model, tokenizer, text: str, n_values: int = 6) -> list[dict]:

@@ -47,7 +47,7 @@ from andrea.files import read_json
 from andrea.shards import TokenData
 from andrea.snapshots import snapshot_steps
 from andrea.timeline import Timeline, row_updates
-from andrea.usage import data_usage
+from andrea.usage import MIN_USES, STANDALONE, data_usage
 from andrea.vectors import vector_stats
 from andrea.wordsim import (
     LESSON_PAIRS,
@@ -63,8 +63,6 @@ from andrea.wordsim import (
 
 HOLDS, CAVEAT, FAILS, CANNOT = "holds", "holds with a caveat", "does not hold here", "cannot check"
 VERDICTS = (HOLDS, CAVEAT, FAILS, CANNOT)
-STANDALONE = 0.8  # a word "stands alone" when its token does in at least this share of its uses
-MIN_USES = 20  # ... and was seen at least this often
 PROMPT = "the dog chased the cat"
 REFERENCE = "andrea-120m"
 

@@ -13,8 +13,9 @@ in a prepared data folder's training shards (every source, in shard order):
   UTF-8 byte of a character under way continues the word;
 - `continuations[i]`: the commonest next tokens of the uses that do not stand alone, with counts.
 
-`standalone_words(min_share, min_count)` is the whole-word filter the embedding tools use: tokens
-that mostly stand alone and were seen often enough for their rows to have learned something.
+`standalone_words(min_share, min_count)` is the whole-word filter the embedding tools use where the
+training data is known: tokens that mostly stand alone (STANDALONE, 80% of their uses) and were
+seen often enough (MIN_USES, 20) for their rows to have learned something.
 
 The figures are computed once per data folder (a few seconds per 10 million tokens) and kept
 beside its manifest in `usage.npz`, tagged with the manifest's SHA-256, so a folder prepared
@@ -37,6 +38,8 @@ from andrea.files import atomic_write_bytes, check_regular
 USAGE_FILE = "usage.npz"
 USAGE_VERSION = 1
 TOP = 8  # continuations kept per token
+STANDALONE = 0.8  # a token "stands alone" when it does in at least this share of its uses ...
+MIN_USES = 20  # ... and was seen at least this often
 CHUNK = 4_000_000  # tokens read from a shard at a time
 
 
@@ -80,7 +83,7 @@ class Usage:
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(self.count > 0, self.alone / np.maximum(self.count, 1), np.nan)
 
-    def standalone_words(self, min_share: float = 0.8, min_count: int = 20) -> np.ndarray:
+    def standalone_words(self, min_share: float = STANDALONE, min_count: int = MIN_USES) -> np.ndarray:
         """(V,) bool: tokens seen at least min_count times that stand alone in at least min_share
         of their uses."""
         return (self.count >= min_count) & (self.alone >= min_share * self.count)
@@ -187,6 +190,31 @@ def _read(path: Path, tag: str, vocab_size: int) -> Usage | None:
     if (usage.count < 0).any() or (usage.alone > usage.count).any() or (usage.next_ids >= vocab_size).any():
         return None
     return usage
+
+
+def run_usage(checkpoint, tokenizer=None, log=None) -> tuple[Usage | None, str]:
+    """The usage figures of the data a run trained on (its train.json names the folder), or None
+    and the reason they are not known (a bare model file, data that is gone or of another V)."""
+    from andrea.files import read_json  # andrea.files and andrea.shards: imported when a run is read
+    from andrea.shards import TokenData
+
+    if checkpoint is None:
+        return None, "a fresh model has no training data"
+    path = Path(checkpoint)
+    run = path if path.is_dir() else path.parent
+    if not (run / "train.json").is_file():
+        return None, f"{run} has no train.json naming the training data"
+    try:
+        recorded = read_json(run / "train.json", "train.json")
+        data_dir = recorded.get("data") if isinstance(recorded, dict) else None
+        if not isinstance(data_dir, str) or not Path(data_dir).is_dir():
+            return None, f"the training data named in {run / 'train.json'} ({data_dir!r}) is not here"
+        data = TokenData(data_dir)
+        if tokenizer is not None and data.vocab_size != tokenizer.vocab_size:
+            return None, f"{data_dir} has V = {data.vocab_size:,}, the model's tokenizer {tokenizer.vocab_size:,}"
+        return data_usage(data, tokenizer, log=log), ""
+    except AndreaError as e:
+        return None, str(e).rstrip(".")
 
 
 def data_usage(data, tokenizer=None, log=None) -> Usage:

@@ -81,3 +81,37 @@ def test_a_data_folder_is_counted_once_and_counted_again_when_prepared_again(tmp
     (tmp_path / "a.txt").write_text(" dog dog.\n\n" * 8000)
     prepare(TOK, [str(tmp_path / "a.txt")], out, log=lambda *a: None, progress=False, val_share=0.1)
     assert data_usage(TokenData(out), TOK).count[CAT] == 0
+
+
+def test_neighbours_say_how_the_word_is_used_and_whole_words_mean_standalone_ones(tmp_path, capsys):
+    """With the training data's usage, `embed neighbors` prints how the word is used, and
+    --whole-words keeps only tokens that mostly stand alone: ␣cat (which mostly begins cats) is
+    no whole word there, ␣dog is."""
+    import json
+
+    import torch
+
+    from andrea.checkpoint import save_checkpoint
+    from andrea.cli import main
+    from andrea.config import ModelConfig
+    from andrea.embed import neighbours
+    from andrea.model import ANDREA
+
+    (tmp_path / "a.txt").write_text((" cats cats cats cat dog dog pet.\n\n") * 4000)
+    out = tmp_path / "data"
+    prepare(TOK, [str(tmp_path / "a.txt")], out, log=lambda *a: None, progress=False, val_share=0.1)
+    usage = data_usage(TokenData(out), TOK)
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=TOK.vocab_size, n_embd=8, n_head=2, n_layer=1, block_size=8)
+    model = ANDREA(cfg)
+    r = neighbours(model, TOK, "dog", k=TOK.vocab_size, whole_words=True, usage=usage)
+    ids = [n["id"] for n in r["neighbours"]]
+    assert CAT not in ids and r["usage"]["standalone_share"] == 1.0 and "standing alone" in r["whole_words_rule"]
+    assert CAT in [n["id"] for n in neighbours(model, TOK, "dog", k=TOK.vocab_size, whole_words=True)["neighbours"]]
+    run = tmp_path / "run"
+    run.mkdir()
+    save_checkpoint(run / "latest.safetensors", cfg, model.state_dict(), meta={"step": 1, "tokenizer": TOK.to_dict()})
+    (run / "train.json").write_text(json.dumps({"data": str(out)}))
+    assert main(["embed", "neighbors", "--checkpoint", str(run), "cat", "--whole-words"]) == 0
+    text = capsys.readouterr().out
+    assert "␣cat stands alone in 25% of its" in text and "␣cat+s (75%)" in text and "standing alone" in text

@@ -136,23 +136,33 @@ def cmd_compare(args) -> int:
 
 
 def cmd_neighbours(args) -> int:
+    import sys
+
     from andrea.embed import neighbours, show_piece
+    from andrea.usage import run_usage
 
     check_positive(args.k, "-k")
     subject = _subject(args)
+    usage, why = run_usage(subject.checkpoint, subject.tokenizer, log=lambda m: print(m, file=sys.stderr))
     r = neighbours(subject.model, subject.tokenizer, args.word, args.k, args.metric, args.table, args.bare,
-                  args.whole_words)
+                   args.whole_words, usage)
     if args.json:
-        print_json({"model": subject.name, **r})
+        print_json({"model": subject.name, **r, "usage_unknown": why or None})
         return 0
     _header(subject)
     _notes(r["word"])
+    if r.get("usage_line"):
+        print(r["usage_line"])
     name = "input table (wte)" if args.table == "input" else "output head (lm_head)"
     by = "cos θ" if args.metric == "cos" else "dot product u·v"
-    among = ", among whole-word tokens" if args.whole_words else ""
+    among = f", among whole words ({r['whole_words_rule']})" if args.whole_words else ""
     print(f"nearest to {_describe(r['word'])}, in the {name}{among}, by {by} (row norm {r['norm']:.4f}):")
     for rank, n in enumerate(r["neighbours"], 1):
-        print(f"{rank:>4}  {n['id']:>6}  {show_piece(n['piece']):<20}  {n['score']:+.4f}")
+        alone = n.get("standalone_share")
+        tail = "" if "standalone_share" not in n else "  (never seen)" if alone is None else f"  (alone in {alone:.0%} of uses)"
+        print(f"{rank:>4}  {n['id']:>6}  {show_piece(n['piece']):<20}  {n['score']:+.4f}{tail}")
+    if why and args.whole_words:
+        print(f"note: whole words here are tokens of a space and letters; how each is used is unknown ({why}).")
     return 0
 
 

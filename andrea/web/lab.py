@@ -37,6 +37,7 @@ import numpy as np
 from andrea import embed
 from andrea.config import PRESETS
 from andrea.errors import AndreaError, longer_than_context
+from andrea.usage import run_usage
 from andrea.vectors import METRICS, whole_word_mask
 from andrea.web import lab_growth
 from andrea.web.common import MAX_K, MAX_WORD_CHARS, rounded
@@ -89,15 +90,24 @@ class LabViews:
         return {"name": name, "rows": [{"name": g.name, "shape": g.shape, "count": g.count, "share": g.share, "part": g.part}
                                        for g in groups]}
 
+    def usage(self):
+        """How each token is used in the run's training data (andrea.usage), read once: (figures or None, why not)."""
+        if not hasattr(self, "_usage"):
+            self._usage = run_usage(self.subject.checkpoint, self.tok, log=_log)
+        return self._usage
+
     def token(self, f: Fields) -> dict:
         word = f.text("word", MAX_WORD_CHARS)
         bare, whole = f.flag("bare"), f.flag("whole_words")
         metric = f.choice("metric", "cos", METRICS)
         k = f.integer("k", 10, 1, MAX_K)
+        usage, why = self.usage()
         out = {}
         for which in embed.TABLES:
-            out[which] = embed.neighbours(self.model, self.tok, word, k, metric, which, bare, whole)
+            out[which] = embed.neighbours(self.model, self.tok, word, k, metric, which, bare, whole, usage)
         return {"word": out["input"]["word"], "metric": metric, "whole_words": whole,
+                "whole_words_rule": out["input"]["whole_words_rule"], "usage": out["input"].get("usage"),
+                "usage_line": out["input"].get("usage_line"), "usage_unknown": why or None,
                 "norms": {w: out[w]["norm"] for w in embed.TABLES},
                 "neighbours": {w: out[w]["neighbours"] for w in embed.TABLES}}
 

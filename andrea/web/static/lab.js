@@ -111,7 +111,9 @@ function neighbourList(list, items, metric) {
   list.replaceChildren();
   const top = Math.max(...items.map((n) => Math.abs(n.score)), 1e-12);
   for (const n of items) {
-    const pick = el("button", { type: "button", title: `token ${n.id}: look it up`, onclick: () => {
+    const used = n.standalone_share === undefined ? "" : n.standalone_share === null ? "; never seen in training"
+      : `; stands alone in ${Math.round(100 * n.standalone_share)}% of its uses`;
+    const pick = el("button", { type: "button", title: `token ${n.id}${used}: look it up`, onclick: () => {
       $("token-word").value = "#" + n.id;
       DRAW.token();
     } }, piece(n.piece));
@@ -128,8 +130,10 @@ DRAW.token = () => run("token", async () => {
   const box = $("token-lookup");
   box.replaceChildren(el("div", {}, ...describeLookup(r.word)),
     el("div", { text: `row norm ‖u‖: ${fmt(r.norms.input)} in the input table, ${fmt(r.norms.output)} in the output head` +
-      (r.whole_words ? " · neighbours limited to whole-word tokens" : "") }));
+      (r.whole_words ? ` · neighbours limited to whole words (${r.whole_words_rule})` : "") }));
   if (r.word.note) box.append(el("div", { class: "note", text: r.word.note }));
+  // a row learns what its token does in use: say how this one is used in the run's training text
+  if (r.usage_line) box.append(el("div", { id: "token-usage", class: "note", text: r.usage_line }));
   neighbourList($("token-input-list"), r.neighbours.input, metric);
   neighbourList($("token-output-list"), r.neighbours.output, metric);
 });
