@@ -238,14 +238,13 @@ def _word_notes(inp: Inputs, words: dict, usage: dict) -> list[str]:
     return notes
 
 
-def _scores(tables: dict, index: WordIndex, pairs, standalone) -> dict:
-    """ρ of the centred input table (and PPMI) over single-token pairs and standalone pairs."""
-    keep = [(a, b, r) for a, b, r in pairs if index.single(a) and index.single(b)]
-    alone = keep if standalone is None else [(a, b, r) for a, b, r in keep
-                                             if standalone[index.ids[a][0]] and standalone[index.ids[b][0]]]
+def _scores(tables: dict, index: WordIndex, pairs) -> dict:
+    """ρ of the centred input table (and PPMI) over single-token pairs and over pairs of words that
+    stand alone (andrea.wordsim.pair_scores; all single-token pairs where usage is unknown)."""
     out = {}
     for name, mat in tables.items():
-        out[name] = {"single": pair_scores(mat, index, keep)["all"], "standalone": pair_scores(mat, index, alone)["all"]}
+        r = pair_scores(mat, index, pairs)
+        out[name] = {"single": r["single"], "standalone": r.get("standalone", r["single"])}
     return out
 
 
@@ -256,9 +255,10 @@ def step_scores(inp: Inputs) -> Step:
                     "the word sets are not fetched; `andrea data fetch wordsets` fetches them")
     index = word_index(inp.tokenizer, inp.model.config.vocab_size, inp.sets)
     standalone = inp.usage.standalone_words(STANDALONE, MIN_USES) if inp.usage is not None else None
+    index.standalone = standalone
     tables = inp.score_tables or {"input": centred(table(inp.model, "input"))}
     numbers = {"standalone_rule": {"min_share": STANDALONE, "min_uses": MIN_USES},
-               "sets": {s: _scores(tables, index, inp.sets.pairs[s], standalone) for s in PAIR_SETS}}
+               "sets": {s: _scores(tables, index, inp.sets.pairs[s]) for s in PAIR_SETS}}
     ws = numbers["sets"]["wordsim353"]["input"]
     head, alone = ws["single"], ws["standalone"]
     ppmi = numbers["sets"]["wordsim353"].get("ppmi")

@@ -181,6 +181,11 @@ class WordIndex:
     pieces: dict[str, list[str]]
     whole_words: np.ndarray  # token ids of whole-word tokens: the analogy candidates
     vocab_size: int
+    standalone: np.ndarray | None = None  # (V,) bool where the training data is known: tokens that mostly stand alone
+
+    def stands_alone(self, word: str) -> bool:
+        """A single-token word whose token stands alone in its uses (andrea.usage); False when unknown."""
+        return self.standalone is not None and self.single(word) and bool(self.standalone[self.ids[word][0]])
 
     def single(self, word: str) -> bool:
         return len(self.ids[word]) == 1
@@ -253,11 +258,17 @@ def _vector(matrix: np.ndarray, index: WordIndex, word: str) -> np.ndarray:
 
 def pair_scores(matrix: np.ndarray, index: WordIndex, pairs) -> dict:
     """Spearman ρ of cosine against the ratings: for pairs of single tokens, for pairs with a
-    mean-of-pieces word, and for all; each with n and the null spread 1/√(n − 1)."""
+    mean-of-pieces word, and for all; where the index knows how tokens are used, also for pairs of
+    words whose tokens stand alone ("standalone"); each with n and the null spread 1/√(n − 1)."""
     groups = {"single": ([], []), "pieces": ([], []), "all": ([], [])}
+    if index.standalone is not None:
+        groups["standalone"] = ([], [])
     for a, b, rating in pairs:
         c = cosine(_vector(matrix, index, a), _vector(matrix, index, b))
-        for g in ("single" if index.single(a) and index.single(b) else "pieces", "all"):
+        names = ["single" if index.single(a) and index.single(b) else "pieces", "all"]
+        if index.stands_alone(a) and index.stands_alone(b):
+            names.append("standalone")
+        for g in names:
             groups[g][0].append(c)
             groups[g][1].append(rating)
     out = {}

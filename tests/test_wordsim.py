@@ -219,3 +219,23 @@ def test_a_runs_train_json_that_is_not_a_record_ends_embed_similarity_in_one_sen
     (run / "train.json").write_text('{"data":\n' + DEEP + "}" if bad == "deep" else '["data"]')
     line = one_sentence(*cli(capsys, "embed", "similarity", "--checkpoint", run, "--ppmi")[::2])
     assert "train.json" in line, line
+
+
+def test_pairs_of_words_that_stand_alone_are_scored_apart_when_usage_is_known():
+    """With the training data's usage (andrea.usage), pair_scores adds the pairs whose two words are
+    single tokens standing alone; without it, that group is absent."""
+    from andrea.tokenizer import HarrisTokenizer
+    from andrea.wordsim import pair_scores, word_index
+
+    words = ["cat", "dog", "pet", "red", "blue"]
+    tok = HarrisTokenizer([" " + w for w in words])
+    pairs = [(a, b, float(i)) for i, (a, b) in enumerate((a, b) for a in words for b in words if a < b)]
+    sets = WordSets({"simlex999": pairs, "wordsim353": pairs}, [])
+    index = word_index(tok, tok.vocab_size, sets)
+    rng = np.random.default_rng(0)
+    m = rng.normal(size=(tok.vocab_size, 8))
+    assert "standalone" not in pair_scores(m, index, pairs)
+    index.standalone = np.ones(tok.vocab_size, dtype=bool)
+    index.standalone[tok.encode(" cat", bos=False)[0]] = False  # ␣cat mostly begins longer words
+    r = pair_scores(m, index, pairs)
+    assert r["single"]["n"] == 10 and r["standalone"]["n"] == 6  # the pairs among dog, pet, red, blue

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from pathlib import Path
 
 from andrea.cli.common import print_json
@@ -38,6 +39,7 @@ def cmd_similarity(args) -> int:
     from andrea.embed import load_subject
     from andrea.errors import AndreaError
     from andrea.shards import TokenData
+    from andrea.usage import run_usage
     from andrea.wordsim import load_wordsets, model_tables, ppmi_vectors, similarity, train_token_chunks, word_index
 
     check_source(args)
@@ -48,12 +50,17 @@ def cmd_similarity(args) -> int:
     V, d = model.config.vocab_size, model.config.n_embd
     sets = load_wordsets()
     index = word_index(tok, V, sets)
+    usage, usage_note = run_usage(args.checkpoint, tok, log=lambda m: print(m, file=sys.stderr))
+    if usage is not None:
+        index.standalone = usage.standalone_words()
     tables = model_tables(model)
     if args.ppmi:
         data = TokenData(_data_dir(args, Path(args.checkpoint or ".")))
         tables["ppmi"] = ppmi_vectors(train_token_chunks(data), V, d)
     report = similarity(tables, index, sets, analogies=not args.no_analogies).to_dict()
     report["model"] = subject.name
+    report["standalone_rule"] = None if usage is None else "both words single tokens standing alone in ≥80% of ≥20 uses"
+    report["usage_unknown"] = usage_note or None
     if args.json:
         print_json(report)
         return 0
@@ -67,6 +74,8 @@ def print_report(r: dict) -> None:
         print(f"{name}: {c['pairs']} pairs, {c['single_token_pairs']} of them single tokens; {c['single_token_words']} of "
               f"{c['words']} words ({100 * c['single_token_words'] / max(c['words'], 1):.0f}%) single tokens in their "
               f"word-initial form")
+    if r.get("standalone_rule"):
+        print(f"standing alone: {r['standalone_rule']} of the run's training text (andrea.usage)")
     print("forms: " + ", ".join(f"{w} = {' + '.join(p.replace(' ', '␣') for p in ps)}" for w, ps in r["forms"].items()))
     for table, parts in r["tables"].items():
         print(f"\n{TABLE_NAMES.get(table, table)}")
@@ -74,7 +83,8 @@ def print_report(r: dict) -> None:
             print(f"  {how}: mean cos θ between rows {s['mean_cos']:+.4f}")
             for name in ("simlex999", "wordsim353"):
                 if name in s:
-                    print(f"    {name:<11} ρ single tokens {_rho(s[name]['single'])}   mean-of-pieces "
+                    alone = f"   standing alone {_rho(s[name]['standalone'])}" if "standalone" in s[name] else ""
+                    print(f"    {name:<11} ρ single tokens {_rho(s[name]['single'])}{alone}   mean-of-pieces "
                           f"{_rho(s[name]['pieces'])}   all {_rho(s[name]['all'])}")
             if "analogies" in s:
                 a = s["analogies"]
