@@ -376,10 +376,18 @@ def load_inputs(checkpoint, ppmi: bool = True, sets=None, log=None) -> Inputs:
     model, tokenizer, _ = load_model(checkpoint)
     if tokenizer is None:
         raise AndreaError(f"{checkpoint} holds no tokenizer: the lesson looks words up with the run's own.")
-    model.eval()
+    return inputs_for(model.eval(), tokenizer, str(checkpoint), checkpoint, ppmi, sets, log)
+
+
+def inputs_for(model, tokenizer, name: str, checkpoint, ppmi: bool = True, sets=None, log=None) -> Inputs:
+    """A loaded model's inputs to the lesson; `checkpoint` (a file or run folder, or None for a
+    fresh model) says where its snapshots and training data are."""
+    inp = Inputs(model, tokenizer, name, sets=sets if sets is not None else try_load_wordsets(), ppmi=ppmi)
+    if checkpoint is None:
+        inp.timeline_note = inp.usage_note = "a fresh model has no run"
+        return inp
     path = Path(checkpoint)
     run = path if path.is_dir() else path.parent
-    inp = Inputs(model, tokenizer, str(checkpoint), sets=sets if sets is not None else try_load_wordsets(), ppmi=ppmi)
     if snapshot_steps(run):
         inp.timeline = Timeline(run, tokenizer)
     else:

@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-VIEWS = ("params", "token", "compare", "map", "positions", "attention", "lens", "generate", "growth")
+VIEWS = ("lesson", "params", "token", "compare", "map", "positions", "attention", "lens", "generate", "growth")
 GROWTH_HEIGHT = 1600  # the Growth view's panels need a taller window than the others
 CHROMIUM = ("chromium", "chromium-browser", "google-chrome")
 DRIVER = ("chromedriver",)
@@ -167,6 +167,7 @@ def show_each_view(driver, url: str, out_dir: Path | None = None, words=("cat", 
             states[view] = work()
             shoot(view)
 
+    step("lesson", lambda: (open_view(driver, url, "lesson"), wait_view_loaded(driver, "lesson"))[1])
     step("params", lambda: (open_view(driver, url, "params"), wait_view_loaded(driver, "params"))[1])
 
     def token():

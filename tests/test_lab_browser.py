@@ -140,7 +140,8 @@ def test_generate_shows_the_library_tokens_as_they_come(browser, url, subject):
 
 def test_every_view_loads(browser, url):
     states = shots.show_each_view(browser, url, words=("cat",), prompt="the cat sat on a mat")
-    assert states == {v: "ready" for v in shots.VIEWS}
+    assert states == {v: "ready" for v in shots.VIEWS} and shots.VIEWS[0] == "lesson"
+    assert len(by_css(browser, "#lesson-steps li")) == 9  # the lesson's claims, the first tab
     assert len(by_css(browser, "#compare-results .card")) == len(LESSON_PAIRS)
     assert "cat·dog" in by_css(browser, "#compare-verdict")[0].get_attribute("textContent")  # the view is hidden now
     assert by_css(browser, "#map-plot .scatterlayer .point")

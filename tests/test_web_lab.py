@@ -340,3 +340,19 @@ def test_the_lab_on_any_loopback_address_answers_only_this_machines_names(lab_ch
         assert raw_get_at(address, port, f"localhost:{port}") == 200
     finally:
         server.stop()
+
+
+def test_the_lesson_view_walks_every_claim_on_the_loaded_model(client, subject):
+    """/api/lesson: the nine steps of andrea.lesson in order, each with a verdict; a bare model file
+    has no snapshots, so the two steps that need them say so."""
+    from andrea.lesson import STEPS, VERDICTS
+
+    r = client.get("/api/lesson")
+    assert r.status_code == 200
+    steps = r.json()["steps"]
+    assert [s["key"] for s in steps] == [f.__name__.removeprefix("step_") for f in STEPS]
+    assert all(s["verdict"] in VERDICTS and s["claim"] and s["how"] for s in steps)
+    by_key = {s["key"]: s for s in steps}
+    assert by_key["lookup"]["verdict"] == "holds" and by_key["untied"]["verdict"] == "holds"
+    assert by_key["init"]["verdict"] == by_key["sparse"]["verdict"] == "cannot check"
+    assert client.get("/api/lesson").json() == r.json()  # computed once

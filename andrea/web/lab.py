@@ -37,10 +37,13 @@ import numpy as np
 from andrea import embed
 from andrea.config import PRESETS
 from andrea.errors import AndreaError, longer_than_context
+from andrea.lesson import inputs_for
+from andrea.lesson import lesson as lesson_steps
+from andrea.lesson import to_json as lesson_json
 from andrea.usage import run_usage
 from andrea.vectors import METRICS, whole_word_mask
 from andrea.web import lab_growth
-from andrea.web.common import MAX_K, MAX_WORD_CHARS, rounded
+from andrea.web.common import MAX_K, MAX_WORD_CHARS, finite, rounded
 from andrea.web.http import Fields, Guard, RequestError, UvicornServer, bind, logger, loopback_hosts, read_body
 from andrea.web.lab_growth import GrowthViews
 from andrea.wordsim import LESSON_PAIRS, LESSON_RELATED
@@ -95,6 +98,14 @@ class LabViews:
         if not hasattr(self, "_usage"):
             self._usage = run_usage(self.subject.checkpoint, self.tok, log=_log)
         return self._usage
+
+    def lesson(self, f: Fields) -> dict:
+        """The lesson's steps on this model (andrea.lesson), computed once; without the PPMI reference,
+        which `andrea lesson` adds."""
+        if not hasattr(self, "_lesson"):
+            inp = inputs_for(self.model, self.tok, self.subject.name, self.subject.checkpoint, ppmi=False, log=_log)
+            self._lesson = finite(lesson_json(inp, lesson_steps(inp)))  # a ρ of too few pairs is NaN: null in JSON
+        return self._lesson
 
     def token(self, f: Fields) -> dict:
         word = f.text("word", MAX_WORD_CHARS)
@@ -173,6 +184,7 @@ class LabViews:
 
 FIELDS = {
     "info": set(),
+    "lesson": set(),
     "params": {"preset"},
     "token": {"word", "bare", "whole_words", "metric", "k"},
     "compare": {"a", "b", "bare"},
@@ -300,7 +312,8 @@ def _api_routes(views: LabViews, growth_views: GrowthViews) -> list:
     def route(path, name, method, owner, fields, stream=False):
         return Route(path, _endpoint(name, getattr(owner, name), fields[name], stream), methods=[method])
 
-    routes = [route("/api/info", "info", "GET", views, FIELDS), route("/api/positions", "positions", "GET", views, FIELDS)]
+    routes = [route("/api/info", "info", "GET", views, FIELDS), route("/api/positions", "positions", "GET", views, FIELDS),
+              route("/api/lesson", "lesson", "GET", views, FIELDS)]
     for name in ("params", "token", "compare", "map", "attention", "lens"):
         routes.append(route(f"/api/{name}", name, "POST", views, FIELDS))
     routes.append(route("/api/generate", "generate", "POST", views, FIELDS, stream=True))

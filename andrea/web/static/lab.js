@@ -67,13 +67,29 @@ const drawn = {};
 const DRAW = {};
 
 function select(view) {
-  if (!DRAW[view]) view = "params";
+  if (!DRAW[view]) view = "lesson";
   for (const b of document.querySelectorAll("nav button")) b.classList.toggle("active", b.dataset.view === view);
   for (const s of document.querySelectorAll("section.view")) s.hidden = s.id !== view;
   if (location.hash !== "#" + view) history.replaceState(null, "", "#" + view);
   if (!drawn[view]) { drawn[view] = true; DRAW[view](); }
   else for (const p of $(view).querySelectorAll(".js-plotly-plot")) Plotly.Plots.resize(p);
 }
+
+// ---------------------------------------------------------------- 0. the lesson
+
+const VERDICT_CLASS = { "holds": "holds", "holds with a caveat": "caveat", "does not hold here": "fails", "cannot check": "cannot" };
+
+DRAW.lesson = () => run("lesson", async () => {
+  const r = await api("/api/lesson");
+  const list = $("lesson-steps");
+  list.replaceChildren();
+  for (const s of r.steps) {
+    list.append(el("li", { "data-key": s.key, "data-verdict": s.verdict },
+      el("div", { class: "claim", text: s.claim }),
+      el("div", { class: "how", text: s.how }),
+      el("div", { class: `verdict ${VERDICT_CLASS[s.verdict] || ""}`, text: s.verdict + (s.why ? `: ${s.why}` : "") })));
+  }
+});
 
 // ---------------------------------------------------------------- 1. parameters
 
@@ -689,7 +705,7 @@ async function start() {
     $("model-name").textContent = `the lab server did not answer: ${e.message}`;
   }
   document.body.dataset.ready = "true";
-  select(location.hash.slice(1) || "params");
+  select(location.hash.slice(1) || "lesson");
 }
 
 start();
