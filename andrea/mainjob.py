@@ -109,15 +109,18 @@ def prepared_tokenizer(n_segments: int, names: list[str], log=print):
 
 def prepared_data(tokenizer, source_names: list[str], log=print) -> Path:
     from andrea.prepare import prepare
-    from andrea.shards import TokenData
+    from andrea.shards import PROGRESS_FILE, VERIFIED_FILE, TokenData, verify_shards
 
     folder = shards_dir() / tokenizer.fingerprint()[:16]
     if (folder / "manifest.json").exists():
         try:
-            TokenData(folder)
+            verify_shards(TokenData(folder), log)  # what training checks first, checked here so a failure heals
             return folder
         except AndreaError as e:
-            log(f"note: preparing the shards again ({e})")
+            log(f"note: preparing the shards again ({str(e).rstrip('.')})")
+            # a finished folder is trusted by prepare: forget what it recorded, so every shard is written anew
+            for name in ("manifest.json", PROGRESS_FILE, VERIFIED_FILE):
+                (folder / name).unlink(missing_ok=True)
     log(f"tokenizing {len(source_names)} sources into {folder}")
     prepare(tokenizer, source_names, folder, log=log)
     return folder

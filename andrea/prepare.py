@@ -27,6 +27,7 @@ import numpy as np
 from andrea.config import BOS, is_int
 from andrea.errors import AndreaError
 from andrea.files import (
+    FolderLock,
     atomic_write_bytes,
     check_writable,
     read_json,
@@ -223,10 +224,9 @@ def prepare(tokenizer, sources: list[str], out_dir, log=print, progress: bool = 
     shard per part, each renamed into place when whole. After each part the progress is saved,
     so a preparation that is stopped (killed, out of disk) resumes after its last whole part when
     run again with the same settings. `manifest.json` is removed at the start and written, listing
-    every shard with its token count and SHA-256, only when every source is done.
+    every shard with its token count and SHA-256, only when every source is done. The folder is
+    locked while a preparation runs: a second one in it is refused in one sentence.
     """
-    from tqdm import tqdm  # loaded when a preparation starts, not when andrea.prepare is imported
-
     out = Path(out_dir)
     if not sources:
         raise AndreaError("give at least one source to prepare.")
@@ -246,6 +246,18 @@ def prepare(tokenizer, sources: list[str], out_dir, log=print, progress: bool = 
             raise AndreaError(f"{seen[spec.name]} and {given} are both named {spec.name}; name one with NAME=PATH.")
         seen[spec.name] = given
     check_writable(out, "the data folder")
+    # one preparation per folder: a second one (another andrea main on the same cache) would write
+    # the same shards under the first
+    lock = FolderLock(out, "the data folder", "; wait for that preparation to end")
+    try:
+        return _prepare_locked(tokenizer, specs, out, log, progress, text_field, val_share, shard_tokens, workers)
+    finally:
+        lock.release()
+
+
+def _prepare_locked(tokenizer, specs, out: Path, log, progress: bool, text_field, val_share, shard_tokens, workers) -> dict:
+    from tqdm import tqdm  # loaded when a preparation starts, not when andrea.prepare is imported
+
     remove_dead_temps(out)  # the manifest's or the progress record's, from a preparation that was killed
     settings = _settings(tokenizer, text_field, val_share, int(shard_tokens))
     state = _load_state(out, settings)

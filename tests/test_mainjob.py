@@ -105,3 +105,34 @@ def test_main_job_segments_set_the_models_vocabulary(monkeypatch, tmp_path):
         with pytest.raises(pipeline.AndreaError, match="stopped here"):
             pipeline.run_main_job(job, log=lambda *a: None)
         assert seen.pop("segments") == want
+
+
+def test_a_cached_shard_that_changed_is_prepared_again_and_the_folder_is_locked(tmp_path, monkeypatch):
+    """The main job's cached shards are checked as training checks them; one that fails (a byte
+    changed) makes the stage run again from nothing, and the next check passes. A preparation
+    holds the folder: a second one there is refused in one sentence, not interleaved."""
+    import andrea.mainjob as mainjob
+    from andrea.errors import AndreaError
+    from andrea.files import FolderLock
+    from andrea.prepare import prepare
+    from andrea.shards import TokenData, verify_shards
+    from andrea.tokenizer import HarrisTokenizer
+
+    monkeypatch.setattr(mainjob, "shards_dir", lambda: tmp_path / "shards")
+    (tmp_path / "a.txt").write_text(" the cat sat on the mat.\n\n" * 4000)
+    tok = HarrisTokenizer([" the", " cat", " sat"])
+    lines = []
+    folder = mainjob.prepared_data(tok, [str(tmp_path / "a.txt")], log=lines.append)
+    shard = next(folder.glob("a.train.*.tok"))
+    raw = bytearray(shard.read_bytes())
+    raw[-1] ^= 1
+    shard.write_bytes(bytes(raw))
+    assert mainjob.prepared_data(tok, [str(tmp_path / "a.txt")], log=lines.append) == folder
+    assert any(line.startswith("note: preparing the shards again") for line in lines), lines
+    verify_shards(TokenData(folder))  # whole again
+    held = FolderLock(folder, "the data folder")
+    try:
+        with pytest.raises(AndreaError, match=r"the data folder .* is in use by process \d+"):
+            prepare(tok, [str(tmp_path / "a.txt")], folder, log=lambda *a: None, progress=False)
+    finally:
+        held.release()
