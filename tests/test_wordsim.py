@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import math
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -239,3 +240,59 @@ def test_pairs_of_words_that_stand_alone_are_scored_apart_when_usage_is_known():
     index.standalone[tok.encode(" cat", bos=False)[0]] = False  # ␣cat mostly begins longer words
     r = pair_scores(m, index, pairs)
     assert r["single"]["n"] == 10 and r["standalone"]["n"] == 6  # the pairs among dog, pet, red, blue
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("damage", ["fifo", "dev-zero", "not-utf8", "resized", "huge"])
+def test_a_damaged_word_set_cache_is_named_listed_and_fetched_again(tmp_path, monkeypatch, capsys, damage):
+    """Each file of the fetched sets is checked as a fetched source is: a regular file, of the size
+    recorded at fetch, bounded, UTF-8. A damaged one is one sentence naming it; `andrea data list`
+    shows it damaged; the commands that only score go on without the sets, saying why; and
+    `andrea data fetch wordsets` fetches it again instead of trusting the record."""
+    import os
+
+    from andrea.cli import main
+    from andrea.wordsim import MAX_WORDSET_BYTES, extract_wordsets, fetch_wordsets, try_load_wordsets
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("ANDREA_CACHE", str(cache))
+    wheel = tmp_path / "w.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("gensim/test/test_data/simlex999.txt", "# h\ncat\tdog\t8\ncat\tmat\t2\nking\tqueen\t7\n")
+        z.writestr("gensim/test/test_data/wordsim353.tsv", "# h\ncat\tdog\t8\ncat\tmat\t2\nking\tqueen\t9\n")
+        z.writestr("gensim/test/test_data/questions-words.txt", ": s\nking queen cat dog\n")
+    monkeypatch.setattr("andrea.wordsim.WORDSETS_SHA256", hashlib.sha256(wheel.read_bytes()).hexdigest())
+    root = cache / "wordsets"
+    extract_wordsets(wheel, root)
+    target = root / "simlex999.txt"
+    if damage == "fifo":
+        target.unlink()
+        os.mkfifo(target)
+    elif damage == "dev-zero":
+        target.unlink()
+        target.symlink_to("/dev/zero")
+    elif damage == "not-utf8":
+        target.write_bytes(b"# h\ncaf\xe9\tdog\t8\nking\tqueen\t7\n")
+    elif damage == "resized":
+        target.write_text("# h\ncat\tdog\t8\n")
+    else:
+        with open(target, "wb") as f:
+            f.truncate(MAX_WORDSET_BYTES + 1)
+    notes = []
+    assert try_load_wordsets(notes.append) is None
+    assert len(notes) == 1 and "simlex999.txt" in notes[0] and notes[0].startswith("note: going on without"), notes
+    assert main(["data", "list"]) == 0
+    assert "wordsets" in (row := next(line for line in capsys.readouterr().out.splitlines() if line.startswith("wordsets")))
+    assert "damaged" in row and "simlex999.txt" in row
+    import shutil
+    import subprocess
+
+    def pip_download(cmd, **kwargs):  # what `pip download -d DIR` leaves: the pinned wheel in DIR
+        shutil.copy(wheel, Path(cmd[cmd.index("-d") + 1]) / "gensim.whl")
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(subprocess, "run", pip_download)
+    said = []
+    fetch_wordsets(log=said.append)
+    assert said[0].startswith("fetching the word-similarity sets again") and "simlex999.txt" in said[0]
+    assert try_load_wordsets() is not None

@@ -77,12 +77,12 @@ def cmd_data_list(args) -> int:
                          "sha256": source.sha256, "licence": source.licence, "fetched": meta is not None, "meta": meta,
                          "damaged": problem})
     from andrea.cache import wordsets_dir
-    from andrea.wordsim import WORDSETS_LICENCE, WORDSETS_SHA256, WORDSETS_WHEEL
+    from andrea.wordsim import WORDSETS_LICENCE, WORDSETS_SHA256, WORDSETS_WHEEL, wordsets_problem
 
     fetched = (wordsets_dir() / "meta.json").exists()
     rows.append({"name": "wordsets", "set": "eval", "description": "word similarity: SimLex-999, WordSim-353, "
                  "Google analogies", "package": WORDSETS_WHEEL, "sha256": WORDSETS_SHA256, "licence": WORDSETS_LICENCE,
-                 "fetched": fetched, "meta": None, "damaged": None})
+                 "fetched": fetched, "meta": None, "damaged": wordsets_problem() if fetched else None})
     if args.json:
         print_json(rows)
         return 0

@@ -105,7 +105,7 @@ def cmd_timeline(args) -> int:
     tl = Timeline(args.checkpoint)
     pairs = [(args.words[0], w) for w in args.words[1:]]
     ps = pair_series(tl, pairs, args.table, centre=not args.raw)
-    sets = try_load_wordsets()
+    sets = try_load_wordsets(lambda m: print(m, file=sys.stderr))
     rs = rho_series(tl, sets, args.table, centre=not args.raw) if sets is not None else None
     index = tl.index(args.words)
     seen = {w: [] for w in args.words}
