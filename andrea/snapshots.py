@@ -43,7 +43,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from andrea.errors import AndreaError
-from andrea.files import atomic_output
+from andrea.files import atomic_output, check_regular, remove_dead_temps, write_error_reason
 from andrea.wordsim import mean_pairwise_cosine
 
 FOLDER = "embeddings"
@@ -169,7 +169,14 @@ class Growth:
             tensors[f"{name}_moved"], tensors[f"{name}_angle"] = moved, angle
         meta = {"step": step, "previous": self.last_step, "vocab_size": self.V, "d": self.d, "recipe": self.recipe,
                 "evaluation": evaluation, "mean_cos": means, "whole": len(self.rows) == self.V}
-        self.dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:  # a file, FIFO or link named embeddings: the caller notes it, training goes on
+            raise AndreaError(f"cannot keep snapshots in {self.dir} ({write_error_reason(e)})") from None
+        if not self.dir.is_dir() or self.dir.is_symlink():
+            raise AndreaError(f"{self.dir} is not a folder of its own, so snapshots cannot be kept there")
+        if self.last_step is None:
+            remove_dead_temps(self.dir)  # the temporary file of a snapshot write a kill cut short
         path = snapshot_path(self.dir.parent, step)
         with atomic_output(path) as tmp:
             save_file(tensors, str(tmp), metadata={"andrea.growth": json.dumps(meta)})
@@ -241,8 +248,14 @@ class Snapshot:
         self.angle = {name: tensors[f"{name}_angle"] for name in TABLES}
 
 
+MAX_SNAPSHOT_VOCAB = 1 << 24
+MAX_SNAPSHOT_D = 1 << 16
+
+
 def read_snapshot(path) -> Snapshot:
-    path = Path(path)
+    """A snapshot file, every field checked: its size fields in range, its row ids distinct, in
+    order and below V, every tensor of its shape and finite; else one sentence naming it."""
+    path = check_regular(path, "the embedding snapshot")
     try:
         with safe_open(str(path), "pt") as f:
             meta = json.loads((f.metadata() or {})["andrea.growth"])
@@ -252,10 +265,19 @@ def read_snapshot(path) -> Snapshot:
     need = {"rows", "seen"} | {f"{t}{s}" for t in TABLES for s in ("", "_mean", "_moved", "_angle")}
     if not isinstance(meta, dict) or not need <= tensors.keys() or not _count(meta.get("step")):
         raise AndreaError(f"{path} is not a whole embedding snapshot.")
-    n, d = len(tensors["rows"]), meta.get("d")
+    V, d, rows = meta.get("vocab_size"), meta.get("d"), tensors["rows"]
+    if not _count(V) or not 0 < V <= MAX_SNAPSHOT_VOCAB or not _count(d) or not 0 < d <= MAX_SNAPSHOT_D:
+        raise AndreaError(f"{path} gives a vocabulary of {str(V)[:20]} rows of {str(d)[:20]} values, which no table has.")
+    if rows.dtype != torch.int64 or rows.dim() != 1 or (len(rows) and (int(rows.min()) < 0 or int(rows.max()) >= V
+                                                                      or bool((rows[1:] <= rows[:-1]).any()))):
+        raise AndreaError(f"{path} keeps row ids that are not distinct ids below V = {V:,} in order.")
+    n = len(rows)
+    if tensors["seen"].shape != (n,):
+        raise AndreaError(f"{path} counts {len(tensors['seen'])} rows as seen, not its {n}.")
     for t in TABLES:
-        if tensors[t].shape != (n, d) or not all(tensors[f"{t}{s}"].shape == (n,) for s in ("_moved", "_angle")):
+        if tensors[t].shape != (n, d) or not all(tensors[f"{t}{s}"].shape == (n,) for s in ("_moved", "_angle")) \
+                or tensors[f"{t}_mean"].shape != (d,):
             raise AndreaError(f"{path} holds tables of the wrong shape.")
-        if not math.isfinite(float(tensors[t].float().abs().max())) if n else False:
+        if not all(bool(torch.isfinite(tensors[f"{t}{s}"].float()).all()) for s in ("", "_mean", "_moved", "_angle")):
             raise AndreaError(f"{path} holds a table that is not finite.")
     return Snapshot(meta, tensors)

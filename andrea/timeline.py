@@ -26,6 +26,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from andrea.errors import AndreaError
 from andrea.snapshots import FOLDER, TABLES, read_snapshot, snapshot_path, snapshot_steps
@@ -63,7 +64,24 @@ class Timeline:
         if tokenizer is None:
             raise AndreaError(f"the checkpoint in {run} holds no tokenizer to look words up with.")
         self.tokenizer = tokenizer
-        first = self.snapshot(self.steps[0])
+        self.notes = []  # the snapshots left out, each with why
+        first = None
+        for step in list(self.steps):  # every snapshot is checked against the run and the first one
+            try:
+                snap = self.snapshot(step)
+                if first is None and snap.meta["vocab_size"] != tokenizer.vocab_size:
+                    raise AndreaError(f"it has V = {snap.meta['vocab_size']:,}, the run's tokenizer {tokenizer.vocab_size:,}")
+                if first is not None and (snap.meta["vocab_size"], snap.meta["d"]) != (first.meta["vocab_size"], first.meta["d"]):
+                    raise AndreaError(f"its table is {snap.meta['vocab_size']:,} × {snap.meta['d']}, the first snapshot's "
+                                      f"{first.meta['vocab_size']:,} × {first.meta['d']}")
+                if first is not None and not torch.equal(snap.rows, first.rows):
+                    raise AndreaError("it keeps other rows than the first snapshot (another --snapshot-rows)")
+                first = first or snap
+            except AndreaError as e:
+                self.steps.remove(step)
+                self.notes.append(f"the snapshot of step {step:,} is left out: {str(e).rstrip('.')}")
+        if first is None:
+            raise AndreaError(f"{run} holds no usable embedding snapshot ({self.notes[0] if self.notes else ''}).")
         self.V, self.d, self.recipe = first.meta["vocab_size"], first.meta["d"], first.meta.get("recipe", "v2")
         self.rows = first.rows.numpy()
         self.position = np.full(self.V, -1, dtype=np.int64)

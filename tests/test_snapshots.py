@@ -196,3 +196,53 @@ def test_embed_similarity_without_the_sets_says_how_to_fetch_them(data_dir, tmp_
     assert "andrea data fetch wordsets" in capsys.readouterr().err
     assert main(["embed", "timeline", "--checkpoint", str(run), "cat", "dog"]) == 2
     assert "no embedding snapshots" in capsys.readouterr().err
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("damage", ["other-d", "fewer-rows", "nan-mean", "huge-vocab", "row-id", "fifo"])
+def test_a_damaged_later_snapshot_is_left_out_with_a_note(data_dir, tmp_path, damage):
+    """Every snapshot is checked against the run and the first one; a damaged or foreign one is left
+    out with a note, and the timeline reads the rest (a traceback, a 500 or a 7 TiB allocation before)."""
+    import os
+
+    from safetensors.torch import save_file
+
+    run = tmp_path / "r"
+    train(tiny_config(data_dir), opts(max_steps=4, eval_every=4), data_dir, run, log=quiet, progress=False)
+    steps = snapshot_steps(run)
+    bad = snapshot_path(run, steps[-1])
+    snap = read_snapshot(bad)
+    meta = dict(snap.meta)
+    tensors = {"rows": snap.rows, "seen": snap.seen}
+    for t in ("input", "output"):
+        tensors.update({t: snap.tables[t], f"{t}_mean": snap.means[t], f"{t}_moved": snap.moved[t], f"{t}_angle": snap.angle[t]})
+    if damage == "other-d":
+        meta["d"] = 16
+        for t in ("input", "output"):
+            tensors[t], tensors[f"{t}_mean"] = tensors[t][:, :16].contiguous(), tensors[f"{t}_mean"][:16].contiguous()
+    elif damage == "fewer-rows":
+        tensors = {k: (v[:-10].contiguous() if k not in ("input_mean", "output_mean") else v) for k, v in tensors.items()}
+    elif damage == "nan-mean":
+        tensors["input_mean"] = torch.full_like(tensors["input_mean"], float("nan"))
+    elif damage == "huge-vocab":
+        meta["vocab_size"] = 10**12
+    elif damage == "row-id":
+        tensors["rows"] = tensors["rows"].clone()
+        tensors["rows"][-1] = 10**6
+    if damage == "fifo":
+        bad.unlink()
+        os.mkfifo(bad)
+    else:
+        save_file(tensors, str(bad), metadata={"andrea.growth": json.dumps(meta)})
+    tl = Timeline(run)
+    assert tl.steps == steps[:-1] and len(tl.notes) == 1 and f"step {steps[-1]}" in tl.notes[0]
+    assert pair_series(tl, [("cat", "dog")])["steps"] == steps[:-1]
+
+
+def test_snapshots_stop_with_a_note_when_embeddings_is_not_a_folder(data_dir, tmp_path):
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "embeddings").write_text("a file where the folder would be")
+    lines = []
+    result = train(tiny_config(data_dir), opts(max_steps=4, eval_every=4), data_dir, run, log=lines.append, progress=False)
+    assert result.step == 4 and any("embedding snapshots stop" in line for line in lines), lines

@@ -103,6 +103,8 @@ def cmd_timeline(args) -> int:
     if len(args.words) < 2:
         raise AndreaError("give at least two words: the first is compared with each of the others.")
     tl = Timeline(args.checkpoint)
+    for note in tl.notes:
+        print(f"note: {note}", file=sys.stderr)
     pairs = [(args.words[0], w) for w in args.words[1:]]
     ps = pair_series(tl, pairs, args.table, centre=not args.raw)
     sets = try_load_wordsets(lambda m: print(m, file=sys.stderr))

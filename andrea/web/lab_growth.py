@@ -115,7 +115,7 @@ class GrowthViews:
         lesson = [w for w in LESSON_WORDS if tl.kept(index, w)]
         map_words = lesson + [w for w in whole if w not in lesson][:MAP_WHOLE_WORDS]
         return {"live": True, "run": str(tl.dir), "steps": tl.steps, "V": tl.V, "d": tl.d,
-                "rows": len(tl.rows), "recipe": tl.recipe, "band": 1 / math.sqrt(tl.d), "lesson_pairs": [list(p) for p in LESSON_PAIRS],
+                "rows": len(tl.rows), "recipe": tl.recipe, "notes": tl.notes, "band": 1 / math.sqrt(tl.d), "lesson_pairs": [list(p) for p in LESSON_PAIRS],
                 "lesson_related": len(LESSON_RELATED),
                 "map_words": map_words, "suggestions": whole[:400],
                 "wordsets": {"fetched": self.sets is not None, "note": None if self.sets is not None else HOW_TO_FETCH},
