@@ -1,4 +1,5 @@
-"""Arithmetic on embedding rows, defined once: cosine, unit rows, nearest rows, whole-word tokens.
+"""Arithmetic on embedding rows, defined once: cosine, unit rows, nearest rows, whole-word tokens,
+and the two 2-D projections of the maps (PCA, t-SNE).
 
 Every view of the tables (the lab's Token and Growth views, `andrea embed`, the similarity scores,
 the timeline, the lesson) computes with these, so two views of one table always agree.
@@ -90,3 +91,43 @@ def whole_word_mask(tokenizer, vocab_size: int) -> np.ndarray:
         piece = tokenizer.id_to_piece(i)
         mask[i] = len(piece) > 1 and piece[0] == " " and piece[1:].isalpha()
     return mask
+
+
+def pca_2d(vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The vectors projected on their first two principal components, and the share of the
+    variance each component explains."""
+    vectors = np.asarray(vectors, dtype=np.float64)
+    if len(vectors) < 2:
+        raise AndreaError(f"a map needs at least two tokens, got {len(vectors)}.")
+    centred = vectors - vectors.mean(axis=0)
+    _, s, vt = np.linalg.svd(centred, full_matrices=False)
+    var = s ** 2
+    comps = vt[:2]
+    # a fixed sign per component, so the same vectors always give the same picture
+    for c in comps:
+        if c[np.argmax(np.abs(c))] < 0:
+            c *= -1
+    coords = centred @ comps.T
+    if coords.shape[1] < 2:
+        coords = np.pad(coords, ((0, 0), (0, 2 - coords.shape[1])))
+    share = var[:2] / var.sum() if var.sum() > 0 else np.zeros(2)
+    return coords, np.pad(share, (0, 2 - len(share)))
+
+
+def tsne_2d(vectors: np.ndarray, seed: int = 0) -> np.ndarray:
+    """A non-linear 2-D map (scikit-learn's t-SNE, seeded, PCA-initialised): near neighbours stay
+    near; distances between far clusters and the axes carry no meaning. Up to 200 points use the
+    exact gradient; more use Barnes-Hut on one thread (its OpenMP threads, competing for the cores
+    of a busy machine, made it tens of times slower here)."""
+    from sklearn.manifold import TSNE
+    from threadpoolctl import threadpool_limits
+
+    vectors = np.asarray(vectors, dtype=np.float64)
+    n = len(vectors)
+    if n < 3:
+        raise AndreaError(f"a t-SNE map needs at least three tokens, got {n}.")
+    perplexity = float(min(30.0, max(1.0, (n - 1) / 3)))
+    method = "exact" if n <= 200 else "barnes_hut"
+    with threadpool_limits(limits=1):
+        return TSNE(n_components=2, perplexity=perplexity, init="pca", random_state=seed,
+                    method=method).fit_transform(vectors)

@@ -30,13 +30,11 @@ from andrea.embed import (
     map_points,
     neighbours,
     parameter_groups,
-    pca_2d,
     plane_coords,
     positions,
     show_tokens,
     similarity_at_distances,
     similarity_by_distance,
-    tsne_2d,
 )
 from andrea.errors import AndreaError
 from andrea.formats.projector import write_projector
@@ -45,7 +43,7 @@ from andrea.model import ANDREA
 from andrea.plots import plot_map, plot_parameter_groups, plot_position_similarity
 from andrea.positions import sinusoidal_table
 from andrea.tokenizer import HarrisTokenizer
-from andrea.vectors import cosine_matrix, nearest
+from andrea.vectors import cosine_matrix, nearest, pca_2d, tsne_2d
 
 SEGMENTS = [" cat", " dog", " pet", "cat", " Tuesday", " the", "ing", " walk"]
 CAT, DOG, PET, CAT_BARE, TUESDAY, THE, ING, WALK = range(257, 257 + len(SEGMENTS))
