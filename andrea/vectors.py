@@ -119,7 +119,7 @@ def tsne_2d(vectors: np.ndarray, seed: int = 0) -> np.ndarray:
     near; distances between far clusters and the axes carry no meaning. Up to 200 points use the
     exact gradient; more use Barnes-Hut on one thread (its OpenMP threads, competing for the cores
     of a busy machine, made it tens of times slower here)."""
-    from sklearn.manifold import TSNE
+    from sklearn.manifold import TSNE  # scikit-learn: heavy, loaded only when a t-SNE map is asked for
     from threadpoolctl import threadpool_limits
 
     vectors = np.asarray(vectors, dtype=np.float64)
