@@ -118,7 +118,6 @@ def train_tiny_run(root, recipe: str = "v2", max_steps: int = 16, eval_every: in
     sequences of 32 tokens. Returns the run folder."""
     from andrea.config import ModelConfig
     from andrea.prepare import prepare
-    from andrea.shards import TokenData
     from andrea.tokenizer import HarrisTokenizer
     from andrea.train import train
     from andrea.trainconfig import TrainConfig
@@ -161,20 +160,26 @@ def growth_run(tmp_path_factory):
 # ---------------------------------------------------------------- the hostile-input tests' runs
 
 
-@pytest.fixture(scope="session")
-def text_data(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("reliability")
-    (root / "text.txt").write_text("\n\n".join(documents(1, 60)))
-    tok = HarrisTokenizer.train(documents(2, 30), 20)
-    prepare(tok, [str(root / "text.txt")], root / "data", log=lambda *a: None, progress=False)
+def prepared_folder(root: Path, texts: dict[str, list[str]], fit_on: list[str]) -> Path:
+    """root/data: each named text a source, prepared with a 20-segment tokenizer fitted on fit_on;
+    root/model.json: a 1-layer, d = 32 model of its vocabulary."""
+    for name, docs in texts.items():
+        (root / f"{name}.txt").write_text("\n\n".join(docs))
+    tok = HarrisTokenizer.train(fit_on, 20)
+    prepare(tok, [str(root / f"{name}.txt") for name in texts], root / "data", log=lambda *a: None, progress=False)
+    ModelConfig(vocab_size=tok.vocab_size, n_embd=32, n_head=2, n_layer=1, block_size=32).save(root / "model.json")
     return root / "data"
 
 
 @pytest.fixture(scope="session")
+def text_data(tmp_path_factory) -> Path:
+    """One source, `text`, of 60 documents."""
+    return prepared_folder(tmp_path_factory.mktemp("text"), {"text": documents(1, 60)}, documents(2, 30))
+
+
+@pytest.fixture(scope="session")
 def text_model_json(text_data) -> Path:
-    path = text_data.parent / "model.json"
-    ModelConfig(vocab_size=TokenData(text_data).vocab_size, n_embd=32, n_head=2, n_layer=1, block_size=32).save(path)
-    return path
+    return text_data.parent / "model.json"
 
 
 @pytest.fixture(scope="session")
@@ -205,19 +210,14 @@ def built_models():
 
 @pytest.fixture(scope="session")
 def two_source_data(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("harden")
-    (root / "north.txt").write_text("\n\n".join(short_documents(1, 40)))
-    (root / "south.txt").write_text("\n\n".join(short_documents(3, 40)))
-    tok = HarrisTokenizer.train(short_documents(2, 30), 20)
-    prepare(tok, [str(root / "north.txt"), str(root / "south.txt")], root / "data", log=lambda *a: None, progress=False)
-    return root / "data"
+    """Two sources, `north` and `south`, of 40 shorter documents each."""
+    return prepared_folder(tmp_path_factory.mktemp("two"), {"north": short_documents(1, 40), "south": short_documents(3, 40)},
+                           short_documents(2, 30))
 
 
 @pytest.fixture(scope="session")
 def two_source_model_json(two_source_data) -> Path:
-    path = two_source_data.parent / "model.json"
-    ModelConfig(vocab_size=TokenData(two_source_data).vocab_size, n_embd=32, n_head=2, n_layer=1, block_size=32).save(path)
-    return path
+    return two_source_data.parent / "model.json"
 
 
 @pytest.fixture(scope="session")
