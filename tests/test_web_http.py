@@ -152,3 +152,15 @@ def test_the_uvicorn_server_in_a_thread_on_an_ipv4_mapped_loopback_address():
     finally:
         server.stop()
     assert not server.thread.is_alive()
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("value", [10**400, -(10**400), 2**1030])
+def test_a_number_too_large_for_a_float_is_refused_not_a_500(value):
+    """temperature or top_p written as a 401-digit integer: compared as sent, refused in the field's
+    sentence (math.isfinite raised OverflowError before, a 500 from both servers)."""
+    from andrea.web.http import Fields, RequestError
+
+    with pytest.raises(RequestError, match="temperature must be a number in"):
+        Fields({"temperature": value}, {"temperature"}).number("temperature", 1.0, 0, 2)
+    assert Fields({"top_p": 1}, {"top_p"}).number("top_p", 1.0, 0, 1, lo_open=True) == 1.0

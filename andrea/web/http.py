@@ -116,7 +116,8 @@ class Fields:
         v = self.get(name, default)
         if v is None:
             return None
-        ok = is_real(v) and math.isfinite(v) and v <= hi and (v > lo if lo_open else v >= lo)
+        # bounds first, on the value as sent: an int of 401 digits compares exactly, but has no float
+        ok = is_real(v) and (isinstance(v, int) or math.isfinite(v)) and v <= hi and (v > lo if lo_open else v >= lo)
         if not ok:
             span = f"({lo:g}, {hi:g}]" if lo_open else f"[{lo:g}, {hi:g}]"
             raise RequestError(f"{name} must be a number in {span}, got {_shown(v)}.", param=name)
