@@ -296,3 +296,27 @@ def test_a_damaged_word_set_cache_is_named_listed_and_fetched_again(tmp_path, mo
     fetch_wordsets(log=said.append)
     assert said[0].startswith("fetching the word-similarity sets again") and "simlex999.txt" in said[0]
     assert try_load_wordsets() is not None
+
+
+@pytest.mark.hostile
+def test_ppmi_from_shards_of_another_tokenizer_is_refused(data_dir, tmp_path, capsys, monkeypatch):
+    """embed similarity --ppmi --data DIR with shards a different tokenizer made: one sentence (a
+    ValueError traceback when their V was larger, a PPMI of another tokenization when smaller)."""
+    from andrea.cli import main
+    from andrea.prepare import prepare
+    from andrea.tokenizer import HarrisTokenizer
+
+    root = tmp_path / "cache" / "wordsets"
+    root.mkdir(parents=True)
+    (root / "meta.json").write_text("{}")
+    (root / "simlex999.txt").write_text("# h\ncat\tdog\t8\ncat\tmat\t2\nking\tqueen\t7\n")
+    (root / "wordsim353.tsv").write_text("# h\ncat\tdog\t8\ncat\tmat\t2\nking\tqueen\t9\n")
+    (root / "questions-words.txt").write_text(": s\nking queen cat dog\n")
+    monkeypatch.setenv("ANDREA_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "a.txt").write_text(" the cat sat.\n\n" * 3000)
+    prepare(HarrisTokenizer([" the", " cat"]), [str(tmp_path / "a.txt")], tmp_path / "other", log=lambda *a: None,
+            progress=False)
+    tok = str(data_dir / "tokenizer")
+    code = main(["embed", "similarity", "--preset", "andrea-tiny", "--tokenizer", tok, "--ppmi", "--data", str(tmp_path / "other")])
+    err = capsys.readouterr().err
+    assert code == 2 and "made by another tokenizer" in err and "Traceback" not in err

@@ -56,6 +56,9 @@ def cmd_similarity(args) -> int:
     tables = model_tables(model)
     if args.ppmi:
         data = TokenData(_data_dir(args, Path(args.checkpoint or ".")))
+        if data.vocab_size != V or (hasattr(tok, "fingerprint") and data.manifest["tokenizer"] != tok.fingerprint()):
+            raise AndreaError(f"the shards in {data.dir} were made by another tokenizer than this model's (V = "
+                              f"{data.vocab_size:,} there, {V:,} here): PPMI must count the model's own tokens.")
         tables["ppmi"] = ppmi_vectors(train_token_chunks(data), V, d)
     report = similarity(tables, index, sets, analogies=not args.no_analogies).to_dict()
     report["model"] = subject.name
