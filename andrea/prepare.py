@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import multiprocessing
 import os
 import re
 import sys
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from andrea import forkpool
 from andrea.config import BOS, is_int
 from andrea.errors import AndreaError
 from andrea.files import (
@@ -62,15 +62,13 @@ def encode_documents(tokenizer, docs: list[str]) -> np.ndarray:
     return np.concatenate([np.asarray(p, dtype=np.uint16) for p in pieces])
 
 
-_tok = None  # the tokenizer that run_task encodes with; worker processes inherit it when they fork
-
-
 def run_task(task):
-    """Encode one reader task (andrea.sources): (train tokens, val tokens, [train documents, val
-    documents, train bytes, val bytes]), the tokens as arrays of uint16."""
+    """Encode one reader task (andrea.sources) with the tokenizer the pool shares (forkpool.shared()):
+    (train tokens, val tokens, [train documents, val documents, train bytes, val bytes]), the tokens
+    as arrays of uint16."""
     train, val = array("H"), array("H")
     stats = [0, 0, 0, 0]
-    encode = _tok.encode
+    encode = forkpool.shared().encode
     for text, bos, in_val, n in documents(task):
         ids = encode(text, bos)
         if in_val:
@@ -82,39 +80,6 @@ def run_task(task):
             stats[0] += bos
             stats[2] += n
     return train, val, stats
-
-
-class _Ready:
-    """A task run in this process, when it is asked for (keeps the order of a pool's results)."""
-
-    def __init__(self, task):
-        self.task = task
-
-    def get(self):
-        return run_task(self.task)
-
-
-class _Workers:
-    """Worker processes, forked once with the tokenizer (so their word caches stay warm)."""
-
-    def __init__(self, tokenizer, workers: int):
-        global _tok
-        from andrea.tokenizer import _can_fork
-
-        _tok = tokenizer
-        self.n = max(1, workers)
-        self.pool = None
-        if self.n > 1 and _can_fork():
-            self.pool = multiprocessing.get_context("fork").Pool(self.n)
-
-    def submit(self, task):
-        return self.pool.apply_async(run_task, (task,)) if self.pool is not None else _Ready(task)
-
-    def close(self):
-        if self.pool is not None:
-            self.pool.terminate()
-            self.pool.join()
-            self.pool = None
 
 
 class _ShardWriter:
@@ -270,7 +235,8 @@ def _prepare_locked(tokenizer, specs, out: Path, log, progress: bool, text_field
                disable=not progress, leave=False, smoothing=0.05)
     if progress and log is print:
         say = bar.write
-    pool = _Workers(tokenizer, workers or os.cpu_count() or 1)
+    # forked once with the tokenizer, so the workers' word caches stay warm across every source
+    pool = forkpool.ForkPool(run_task, tokenizer, workers or os.cpu_count() or 1)
     manifest = {"format": "andrea-shards", "version": MANIFEST_VERSION, "tokenizer": tokenizer.fingerprint(),
                 "vocab_size": tokenizer.vocab_size, "sources": {}}
     try:
@@ -343,7 +309,7 @@ class _SourceParts:
                     self.open_part()
         self.bar.update(disk)
 
-    def write_all(self, pool: _Workers) -> None:
+    def write_all(self, pool: forkpool.ForkPool) -> None:
         """Every task of the source through the workers, in order, at most 2·workers + 2 ahead."""
         index = -1
         for index, (task, disk) in enumerate(tasks(self.spec, self.settings["text_field"], self.settings["val_share"])):
@@ -368,7 +334,7 @@ class _SourceParts:
                 self.current[key].abort()
 
 
-def _prepare_source(spec, state: dict, settings: dict, out: Path, pool: _Workers, bar, say) -> dict:
+def _prepare_source(spec, state: dict, settings: dict, out: Path, pool: forkpool.ForkPool, bar, say) -> dict:
     """Write one source's parts (resuming after those already written) and return its manifest entry."""
     st = state.get(spec.name)
     if st is None:
