@@ -92,8 +92,9 @@ def prepared_tokenizer(n_segments: int, names: list[str], log=print):
     It is fitted on the training text of every source weighted as the curriculum opens (an equal
     share each), not on a raw file head, so a large source cannot dominate the segment alphabet.
     """
-    from andrea.tokenizer import TRAINER_VERSION, WORD_PATTERN, HarrisTokenizer
+    from andrea.tokenizer import WORD_PATTERN, HarrisTokenizer
     from andrea.tokenizer_sample import load_training_texts
+    from andrea.tokenizer_train import TRAINER_VERSION, train_tokenizer
 
     names = sorted(names)
     key = hashlib.sha256(f"{n_segments}|{'+'.join(names)}|{WORD_PATTERN}|{TRAINER_VERSION}".encode()).hexdigest()[:16]
@@ -102,7 +103,7 @@ def prepared_tokenizer(n_segments: int, names: list[str], log=print):
         return HarrisTokenizer.load(folder), folder
     log(f"training the Harris tokenizer ({n_segments:,} segments), an equal share of text per source")
     texts, weights = load_training_texts(names, {n: 1.0 for n in names})
-    tok = HarrisTokenizer.train(texts, n_segments, weights=weights, progress=True)
+    tok = train_tokenizer(texts, n_segments, weights=weights, progress=True)
     tok.save(folder)
     return tok, folder
 

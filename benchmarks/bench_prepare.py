@@ -153,6 +153,7 @@ def main(argv=None) -> int:
     from andrea.sources import read_documents
     from andrea.tokenizer import HarrisTokenizer
     from andrea.tokenizer_sample import load_documents
+    from andrea.tokenizer_train import train_tokenizer
 
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     machine = machine_line()
@@ -168,7 +169,7 @@ def main(argv=None) -> int:
 
     tok_dir = folder / f"harris-{args.segments}"
     if not (tok_dir / "harris_segments.json").exists():
-        HarrisTokenizer.train(train, args.segments).save(tok_dir)
+        train_tokenizer(train, args.segments).save(tok_dir)
     harris = HarrisTokenizer.load(tok_dir)
 
     # ---- the same documents, the first sample-mb MB, in memory

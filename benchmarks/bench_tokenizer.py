@@ -39,6 +39,7 @@ def main(argv=None) -> int:
     from andrea.errors import AndreaError
     from andrea.tokenizer import HarrisTokenizer
     from andrea.tokenizer_sample import load_documents
+    from andrea.tokenizer_train import train_tokenizer
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sources", nargs="+", default=list(DEFAULT_SOURCE_NAMES), help="sources (default: the default corpus)")
@@ -57,7 +58,7 @@ def main(argv=None) -> int:
     vocab = args.segments + 257
 
     # ---- training
-    t_harris, harris = best_time(lambda: HarrisTokenizer.train(train, args.segments), args.repeat)
+    t_harris, harris = best_time(lambda: train_tokenizer(train, args.segments), args.repeat)
 
     t_bpe, bpe = best_time(lambda: fit_bpe(train, vocab), args.repeat)
     assert bpe.get_vocab_size() == harris.vocab_size == vocab

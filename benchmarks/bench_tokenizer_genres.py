@@ -87,10 +87,11 @@ def load_genre(sources: list[str], train_limit: int, val_limit: int):
 
 def measure(train, val, vocab, repeat):
     from andrea.tokenizer import FIRST_SEGMENT, HarrisTokenizer
+    from andrea.tokenizer_train import train_tokenizer
 
-    (t_h, harris), (t_b, bpe) = best_times([lambda: HarrisTokenizer.train(train, vocab - FIRST_SEGMENT),
+    (t_h, harris), (t_b, bpe) = best_times([lambda: train_tokenizer(train, vocab - FIRST_SEGMENT),
                                             lambda: fit_bpe(train, vocab)], repeat)
-    v3 = HarrisTokenizer.train(train, vocab - FIRST_SEGMENT, version=3)
+    v3 = train_tokenizer(train, vocab - FIRST_SEGMENT, version=3)
     assert bpe.get_vocab_size() == harris.vocab_size == vocab
     with tempfile.TemporaryDirectory() as tmp:
         harris.save(tmp)

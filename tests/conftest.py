@@ -8,7 +8,7 @@ from andrea.cli import main
 from andrea.config import ModelConfig, count_params
 from andrea.prepare import prepare
 from andrea.shards import TokenData
-from andrea.tokenizer import HarrisTokenizer
+from andrea.tokenizer_train import train_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -45,9 +45,9 @@ def lab_checkpoint(tmp_path_factory):
     from andrea.checkpoint import save_checkpoint
     from andrea.config import ModelConfig
     from andrea.model import ANDREA
-    from andrea.tokenizer import HarrisTokenizer
+    from andrea.tokenizer_train import train_tokenizer
 
-    tok = HarrisTokenizer.train([lab_text(s, 400) for s in range(30)], 40)
+    tok = train_tokenizer([lab_text(s, 400) for s in range(30)], 40)
     ids = torch.tensor(tok.encode(lab_text(99, 6000), bos=True))
     cfg = ModelConfig(vocab_size=tok.vocab_size, n_embd=32, n_head=2, n_layer=2, block_size=64)
     threads = torch.get_num_threads()
@@ -77,12 +77,12 @@ def data_dir(tmp_path_factory):
     from helpers import synthetic_text
 
     from andrea.prepare import prepare
-    from andrea.tokenizer import HarrisTokenizer
+    from andrea.tokenizer_train import train_tokenizer
 
     root = tmp_path_factory.mktemp("train")
     for name, seed in (("alpha", 1), ("beta", 2)):
         (root / f"{name}.txt").write_text("\n\n".join(synthetic_text(seed, 60)))
-    tok = HarrisTokenizer.train(synthetic_text(3, 40), 40)
+    tok = train_tokenizer(synthetic_text(3, 40), 40)
     tok.save(root / "tok")
     prepare(tok, [str(root / "alpha.txt"), str(root / "beta.txt")], root / "data", log=lambda *a: None)
     return root / "data"
@@ -118,13 +118,13 @@ def train_tiny_run(root, recipe: str = "v2", max_steps: int = 16, eval_every: in
     sequences of 32 tokens. Returns the run folder."""
     from andrea.config import ModelConfig
     from andrea.prepare import prepare
-    from andrea.tokenizer import HarrisTokenizer
+    from andrea.tokenizer_train import train_tokenizer
     from andrea.train import train
     from andrea.trainconfig import TrainConfig
 
     for name, seed in (("alpha", 1), ("beta", 2)):
         (root / f"{name}.txt").write_text("\n\n".join(lab_text(seed * 100 + i, 400) for i in range(30)))
-    tok = HarrisTokenizer.train([lab_text(s, 400) for s in range(30)], 40)
+    tok = train_tokenizer([lab_text(s, 400) for s in range(30)], 40)
     prepare(tok, [str(root / "alpha.txt"), str(root / "beta.txt")], root / "data", log=lambda *a: None)
     cfg = ModelConfig(vocab_size=TokenData(root / "data").vocab_size, n_embd=32, n_head=2, n_layer=2, block_size=32)
     opts = TrainConfig(batch_size=4, seq_len=32, max_steps=max_steps, eval_every=eval_every, checkpoint_every=max_steps,
@@ -165,7 +165,7 @@ def prepared_folder(root: Path, texts: dict[str, list[str]], fit_on: list[str]) 
     root/model.json: a 1-layer, d = 32 model of its vocabulary."""
     for name, docs in texts.items():
         (root / f"{name}.txt").write_text("\n\n".join(docs))
-    tok = HarrisTokenizer.train(fit_on, 20)
+    tok = train_tokenizer(fit_on, 20)
     prepare(tok, [str(root / f"{name}.txt") for name in texts], root / "data", log=lambda *a: None, progress=False)
     ModelConfig(vocab_size=tok.vocab_size, n_embd=32, n_head=2, n_layer=1, block_size=32).save(root / "model.json")
     return root / "data"
@@ -232,7 +232,7 @@ def audited_run(two_source_data, two_source_model_json, tmp_path_factory) -> Pat
 
 @pytest.fixture(scope="session")
 def small_tokenizer(tmp_path_factory) -> Path:
-    return HarrisTokenizer.train(short_documents(2, 30), 20).save(tmp_path_factory.mktemp("tok") / "tok")
+    return train_tokenizer(short_documents(2, 30), 20).save(tmp_path_factory.mktemp("tok") / "tok")
 
 
 @pytest.fixture(scope="session")
@@ -240,7 +240,7 @@ def prepared_root(tmp_path_factory) -> Path:
     """A text source, its tokenizer, its prepared data folder and a model config."""
     prepared_root = tmp_path_factory.mktemp("hardening")
     (prepared_root / "text.txt").write_text("\n\n".join(documents(1, 60)))
-    tok = HarrisTokenizer.train(documents(2, 30), 20)
+    tok = train_tokenizer(documents(2, 30), 20)
     tok.save(prepared_root / "tok")
     prepare(tok, [str(prepared_root / "text.txt")], prepared_root / "data", log=lambda *a: None, progress=False)
     ModelConfig(vocab_size=tok.vocab_size, n_embd=32, n_head=2, n_layer=1, block_size=32).save(prepared_root / "model.json")

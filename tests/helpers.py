@@ -463,3 +463,51 @@ def raw_get_at(address: str, port: int, host: str) -> int:
         while chunk := s.recv(65536):
             data += chunk
     return int(data.split()[1])
+
+
+# ---------------------------------------------------------------- text for the tokenizer's tests
+
+STEMS = ["work", "play", "read", "help", "paint", "walk", "talk", "teach", "kind", "mark", "fill", "load",
+         "lock", "pack", "print", "view", "turn", "count", "cover", "form"]
+PREFIXES = ["", "", "", "un", "re", "pre", "dis", "over"]
+SUFFIXES = ["", "", "s", "ed", "ing", "er", "able", "ness", "ment", "ly", "est"]
+SMALL_WORDS = ["the", "of", "and", "a", "to", "in", "is", "was", "café", "naïve", "I", "it"]
+
+
+def morphology_text(n_paragraphs=250, seed=0) -> str:
+    """Sentences of prefix+stem+suffix words and small words (about 110 KB): a corpus whose
+    morpheme boundaries are known."""
+    rng = random.Random(seed)
+    paragraphs = []
+    for _ in range(n_paragraphs):
+        sentences = []
+        for _ in range(8):
+            words = [rng.choice(SMALL_WORDS) if rng.random() < 0.4
+                     else rng.choice(PREFIXES) + rng.choice(STEMS) + rng.choice(SUFFIXES)
+                     for _ in range(rng.randint(4, 12))]
+            s = " ".join(words)
+            sentences.append(s[0].upper() + s[1:] + rng.choice(".,!?;."))
+        paragraphs.append(" ".join(sentences))
+    return "\n\n".join(paragraphs)
+
+
+N_SMALL = 300
+
+
+DASH_WORDS = "the cat sat on a mat while dog ran over hill and pet slept near door because rain fell softly".split()
+
+
+def dash_docs(n_docs=300, seed=0) -> list[str]:
+    """Sentences of a few words where an em-dash often stands for "and" and a curly apostrophe
+    often joins the first two words: text whose one-character segments of 3 bytes matter."""
+    rng = random.Random(seed)
+
+    def sentence():
+        text = " ".join(rng.choices(DASH_WORDS, k=rng.randint(5, 12)))
+        if rng.random() < 0.6:
+            text = text.replace(" and ", " — ", 1)
+        if rng.random() < 0.5:
+            text = "\u2019".join(text.split(" ", 1))
+        return text.capitalize() + "."
+
+    return [" ".join(sentence() for _ in range(30)) for _ in range(n_docs)]

@@ -39,8 +39,9 @@ from andrea.errors import AndreaError
 from andrea.prepare import prepare
 from andrea.shards import HEADER, PROGRESS_FILE, TokenData, open_shard, write_shard
 from andrea.sources import is_validation
-from andrea.tokenizer import BOS, HarrisTokenizer
+from andrea.tokenizer import BOS
 from andrea.tokenizer_sample import load_training_texts, sample_source
+from andrea.tokenizer_train import train_tokenizer
 
 WORDS = ("the king of old spoke to his people and they went up to the city while the sea rose over "
          "land where ships sailed far away in storms of night and day café naïve").split()
@@ -53,7 +54,7 @@ def doc(rng: random.Random, n: int) -> str:
 @pytest.fixture(scope="module")
 def tok():
     rng = random.Random(0)
-    return HarrisTokenizer.train([doc(rng, 400) for _ in range(30)], 30)
+    return train_tokenizer([doc(rng, 400) for _ in range(30)], 30)
 
 
 def big_paragraphs(seed: int, n: int) -> list[str]:
@@ -219,6 +220,7 @@ KILLER = textwrap.dedent("""
     import andrea.sources as sources
     from andrea.prepare import prepare
     from andrea.tokenizer import HarrisTokenizer
+    from andrea.tokenizer_train import train_tokenizer
     sources.CHUNK_BYTES = 5000
     written = []
     def log(line):

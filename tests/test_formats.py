@@ -32,6 +32,7 @@ from andrea.model import ANDREA
 from andrea.optim import make_optimizer
 from andrea.prepare import prepare
 from andrea.tokenizer import HarrisTokenizer
+from andrea.tokenizer_train import train_tokenizer
 from andrea.trainconfig import TrainConfig
 
 SEGMENTS = [" the", "the", " cat", " sat", " on", " mat", "ing", " and", "er", " dog", "é", " été", "q"]
@@ -167,7 +168,7 @@ def test_converted_bin_resumes_training(tmp_path, capsys):
     words = "the cat sat on a mat and the dog ran to its pet while kings talked of old things".split()
     text = "\n\n".join(" ".join(rng.choice(words) for _ in range(300)) for _ in range(20))
     (tmp_path / "a.txt").write_text(text)
-    tok = HarrisTokenizer.train([text], 20)
+    tok = train_tokenizer([text], 20)
     tok.save(tmp_path / "tok")
     prepare(tok, [str(tmp_path / "a.txt")], tmp_path / "data", log=lambda *a: None)
     cfg = tiny_config(vocab_size=tok.vocab_size, n_layer=1, block_size=32)

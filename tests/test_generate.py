@@ -15,7 +15,7 @@ from andrea.checkpoint import save_checkpoint
 from andrea.cli import main
 from andrea.errors import AndreaError
 from andrea.generate import BOS, Chat, TextGenerator, generate_ids, sample_next, stream_ids, stream_text_pieces, window_keep
-from andrea.tokenizer import HarrisTokenizer
+from andrea.tokenizer_train import train_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -247,7 +247,7 @@ def test_streamed_segments_join_to_the_decoded_ids():
 def harris():
     words = "the cat sat on the mat; the dog ran after the cats, and the cats ran off. unbelievable " \
             "rethinking reading readers walked talking talked walking jumped jumping quickly slowly"
-    return HarrisTokenizer.train([words + " " + w for w in words.split()] * 3, 24, workers=1)
+    return train_tokenizer([words + " " + w for w in words.split()] * 3, 24, workers=1)
 
 
 @pytest.mark.parametrize("which", ["bytes", "harris"])

@@ -13,7 +13,7 @@ from pathlib import Path
 from helpers import synthetic_text
 
 from andrea.prepare import prepare
-from andrea.tokenizer import HarrisTokenizer
+from andrea.tokenizer_train import train_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_gpu_script_dry_run_measures_every_part(tmp_path):
     for name, seed in (("alpha", 1), ("beta", 2)):
         (tmp_path / f"{name}.txt").write_text("\n\n".join(synthetic_text(seed, 30)))
-    tok = HarrisTokenizer.train(synthetic_text(3, 20), 40)
+    tok = train_tokenizer(synthetic_text(3, 20), 40)
     prepare(tok, [str(tmp_path / "alpha.txt"), str(tmp_path / "beta.txt")], tmp_path / "data", log=lambda *a: None)
     env = dict(os.environ, PYTHON=sys.executable, ANDREA_DATA=str(tmp_path / "data"),
                ANDREA_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="1")

@@ -6,7 +6,7 @@ import pytest
 from helpers import need_time, peak_rss, prose
 
 from andrea.errors import AndreaError
-from andrea.tokenizer import HarrisTokenizer
+from andrea.tokenizer_train import train_tokenizer
 
 # ---------------------------------------------------------------- hostile input
 
@@ -36,7 +36,7 @@ def test_a_long_jsonl_line_is_read_in_pieces_that_make_the_same_text_and_tokens(
                 got[-1][0].append(text)
     assert [("".join(parts), val) for parts, val in got] == [
         (t, is_validation(first_piece(t.encode("utf-8", "surrogatepass")), 0.05)) for t in texts]
-    tok = HarrisTokenizer.train([prose(5, 20_000)], 40)
+    tok = train_tokenizer([prose(5, 20_000)], 40)
     for parts, _ in got[1::2]:
         assert len(parts) >= 4
         assert [i for k, p in enumerate(parts) for i in tok.encode(p, bos=k == 0)] == tok.encode("".join(parts))

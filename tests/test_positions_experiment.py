@@ -25,7 +25,7 @@ from andrea.experiments.positions import (
 from andrea.model import ANDREA
 from andrea.prepare import prepare
 from andrea.shards import TokenData
-from andrea.tokenizer import HarrisTokenizer
+from andrea.tokenizer_train import train_tokenizer
 
 WORDS = "the cat sat on a mat and the dog ran to its pet while kings and queens talked of old things".split()
 
@@ -39,7 +39,7 @@ def text(seed: int, n_docs: int, words_per_doc: int = 300) -> list[str]:
 def data_dir(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("positions")
     (root / "alpha.txt").write_text("\n\n".join(text(1, 60)))
-    tok = HarrisTokenizer.train(text(2, 20), 20)
+    tok = train_tokenizer(text(2, 20), 20)
     prepare(tok, [str(root / "alpha.txt")], root / "data", log=lambda *a: None)
     return root / "data"
 

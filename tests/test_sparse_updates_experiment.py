@@ -27,7 +27,7 @@ from andrea.model import ANDREA
 from andrea.optim import MUON, is_block_matrix, make_optimizer, param_groups
 from andrea.prepare import prepare
 from andrea.shards import TokenData
-from andrea.tokenizer import HarrisTokenizer
+from andrea.tokenizer_train import train_tokenizer
 from andrea.trainconfig import DEFAULT_LR
 
 TINY = ModelConfig(vocab_size=300, n_embd=32, n_head=4, n_layer=2, block_size=16)
@@ -238,7 +238,7 @@ def test_the_experiment_reads_a_prepared_folder(tmp_path):
     words = "the cat sat on a mat and the dog ran to its pet while kings and queens talked".split()
     docs = [" ".join(rng.choice(words) for _ in range(200)) + "." for _ in range(30)]
     (tmp_path / "alpha.txt").write_text("\n\n".join(docs))
-    prepare(HarrisTokenizer.train(docs[:10], 20), [str(tmp_path / "alpha.txt")], tmp_path / "data",
+    prepare(train_tokenizer(docs[:10], 20), [str(tmp_path / "alpha.txt")], tmp_path / "data",
             log=lambda *a: None, progress=False)
     summary = sparse_updates(tiny(data_dir=tmp_path / "data", steps=3), log=lambda *a: None)
     assert summary["settings"]["model"]["vocab_size"] == TokenData(tmp_path / "data").vocab_size

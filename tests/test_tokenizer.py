@@ -1,60 +1,30 @@
-"""The Harris tokenizer: the vocabulary layout, the encoding rule, exact round trips, Harris's
-statistics, training, saving and loading, the CLI and its errors, and (when the default corpus is
-fetched) segments and compression on real English against a byte-level BPE."""
+"""The Harris tokenizer: the vocabulary layout, the encoding rule, exact round trips, the compiled
+path against the Python one, saving and loading, the CLI and its errors. Training is in
+test_tokenizer_train.py."""
 
 import hashlib
 import io
 import json
 import os
 import pickle
-import random
 import re
 import shutil
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import WORDS, cli, need_time, peak_rss, process_sentence, short_documents
+from helpers import N_SMALL, SMALL_WORDS, cli, dash_docs, morphology_text, need_time, peak_rss, process_sentence, short_documents
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import andrea.tokenizer as harris
-from andrea.cache import corpus_dir
 from andrea.cli import main
-from andrea.corpus import DEFAULT_SOURCE_NAMES
 from andrea.errors import AndreaError
-from andrea.tokenizer import BOS, WORD_RE, HarrisTokenizer, SuccessorVariety
-from andrea.tokenizer_sample import load_training_texts
-
-STEMS = ["work", "play", "read", "help", "paint", "walk", "talk", "teach", "kind", "mark", "fill", "load",
-         "lock", "pack", "print", "view", "turn", "count", "cover", "form"]
-PREFIXES = ["", "", "", "un", "re", "pre", "dis", "over"]
-SUFFIXES = ["", "", "s", "ed", "ing", "er", "able", "ness", "ment", "ly", "est"]
-SMALL_WORDS = ["the", "of", "and", "a", "to", "in", "is", "was", "café", "naïve", "I", "it"]
-
-
-def morphology_text(n_paragraphs=250, seed=0) -> str:
-    """Sentences of prefix+stem+suffix words and small words (about 110 KB): a corpus whose
-    morpheme boundaries are known."""
-    rng = random.Random(seed)
-    paragraphs = []
-    for _ in range(n_paragraphs):
-        sentences = []
-        for _ in range(8):
-            words = [rng.choice(SMALL_WORDS) if rng.random() < 0.4
-                     else rng.choice(PREFIXES) + rng.choice(STEMS) + rng.choice(SUFFIXES)
-                     for _ in range(rng.randint(4, 12))]
-            s = " ".join(words)
-            sentences.append(s[0].upper() + s[1:] + rng.choice(".,!?;."))
-        paragraphs.append(" ".join(sentences))
-    return "\n\n".join(paragraphs)
-
-
-N_SMALL = 300
+from andrea.tokenizer import BOS, WORD_RE, HarrisTokenizer
+from andrea.tokenizer_train import train_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +34,7 @@ def text():
 
 @pytest.fixture(scope="module")
 def tok(text):
-    return HarrisTokenizer.train([text], N_SMALL)
+    return train_tokenizer([text], N_SMALL)
 
 
 @pytest.fixture(scope="module")
@@ -317,8 +287,9 @@ def test_compiled_word_cache_starts_over_at_its_limit(tok, text, monkeypatch):
 
 def test_without_the_compiled_module_training_and_encoding_are_the_same(tok, text):
     """ANDREA_NO_COMPILED=1 runs the Python steps, as an install without a C compiler does."""
-    code = ("import sys, json; sys.path.insert(0, 'tests'); import test_tokenizer as t; import andrea.tokenizer as h; "
-            "text = t.morphology_text(); tok = h.HarrisTokenizer.train([text], t.N_SMALL); "
+    code = ("import sys, json; sys.path.insert(0, 'tests'); import helpers as t; import andrea.tokenizer as h; "
+            "from andrea.tokenizer_train import train_tokenizer; "
+            "text = t.morphology_text(); tok = train_tokenizer([text], t.N_SMALL); "
             "print(json.dumps([h._compiled is None, tok.segments, tok.encode(text[:20000]), tok.encode('naïve 😀 \\ud800')]))")
     env = {**os.environ, "ANDREA_NO_COMPILED": "1"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
@@ -331,183 +302,6 @@ def test_without_the_compiled_module_training_and_encoding_are_the_same(tok, tex
 def test_a_tokenizer_pickles(tok, text):
     back = pickle.loads(pickle.dumps(tok))
     assert back.segments == tok.segments and back.encode(text[:3000]) == tok.encode(text[:3000])
-
-
-# ---------------------------------------------------------------- Harris's statistics and training
-
-
-def test_successor_variety_counts_by_hand():
-    sv = SuccessorVariety(["cat", "car", "cart", "dog"])
-    # after "": c, d; after "ca": t, r; after "car": end, t; after "cat": end
-    assert [sv.sv[p] for p in ["", "c", "ca", "car", "cat", "cart", "do"]] == [2, 1, 2, 2, 1, 1, 1]
-    # before "t": a (cat), r (cart); before "": t, r, g; before "cat": start
-    assert [sv.pv[s] for s in ["t", "", "rt", "cat", "g"]] == [2, 3, 1, 1, 1]
-    # (prefix, SV(prefix), PV(rest)): PV("r") counts only the "a" of "car"; PV("") the last letters t, r, g
-    assert sv.profile("car") == [("", 2, 1), ("c", 1, 1), ("ca", 2, 1), ("car", 2, 3)]
-
-
-def test_boundaries_fall_between_the_morphemes(tok):
-    stats = tok.stats
-    assert stats.boundaries("unworkable") == [2, 6]  # un|work|able
-    assert stats.boundaries("kindness") == [4]  # kind|ness
-    assert 3 in stats.boundaries("dislocked") and 7 in stats.boundaries("dislocked")  # dis|lock|ed
-
-
-@pytest.mark.parametrize("width", [3, 6, 32])
-def test_boundaries_of_all_words_at_once_are_each_words_boundaries(text, width, monkeypatch):
-    """all_boundaries (arrays, with long words finished one by one) against boundaries (one word
-    at a time on the SV and PV counts), on the corpus and on random words up to 40 letters."""
-    monkeypatch.setattr(SuccessorVariety, "WIDTH", width)
-    rng = random.Random(width)
-    corpora = [list(harris.letter_word_counts(harris.count_words([text]))), ["a"], ["ab", "abc", "abcd"]]
-    corpora += [["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 40))) for _ in range(300)]
-                for alphabet in ["abc", "abcdefghijklmnopqrstuvwxyzéß"]]
-    for words in corpora:
-        stats = SuccessorVariety(words)
-        found = stats.all_boundaries()
-        assert set(found) <= set(stats.words)
-        assert all(found.get(w, []) == stats.boundaries(w) for w in stats.words)
-        assert all(found.values())  # words without a boundary are left out
-    assert SuccessorVariety([]).all_boundaries() == {}
-
-
-def test_candidates_are_the_pieces_between_boundaries_counted_by_hand():
-    """Pieces between any two cuts of the lowercase word (its start, its boundaries, its end), cut
-    from the word as written; the first keeps the leading space; whole words count once; words
-    that are not letters are only whole words."""
-    class Cuts:
-        def all_boundaries(self):
-            return {"walking": [4], "unwalked": [2, 6]}
-
-    counts = Counter({" Walking": 3, "walking": 2, " unwalked": 1, "42": 5, " x": 1})
-    assert harris.candidate_counts(counts, Cuts()) == Counter({
-        " Walking": 3, "walking": 2, " unwalked": 1, "42": 5, " x": 1,  # the words themselves
-        " Walk": 3, "walk": 2 + 1, "ing": 3 + 2,  # walk|ing, twice
-        " un": 1, " unwalk": 1, "walked": 1, "ed": 1,  # un|walk|ed: every run of pieces but the whole
-    })
-
-
-def test_trained_segments_are_harris_pieces(tok, text):
-    """Every segment lies between two successor-variety boundaries of a corpus word (a word's start
-    and end included), and the morphemes the corpus was made from are found."""
-    counts = harris.count_words([text])
-    stats = SuccessorVariety(harris.letter_word_counts(counts))
-    assert set(tok.segments) <= set(harris.candidate_counts(counts, stats))
-    for suffix in ["ing", "ed", "able", "ness", "ment", "ly", "est", "er"]:
-        assert suffix in tok.segments, suffix
-    # a prefix is used at a word's start, so with its space, and here mostly capitalised
-    starts = {s.strip().lower() for s in tok.segments if s.startswith(" ")}
-    assert {"un", "re", "pre", "dis", "over"} | set(STEMS) <= starts
-
-
-def test_morphemes_are_found_where_whole_words_would_pre_empt_them():
-    """16 words, each stem x suffix, each 5 times; 8 segments. Each word costs at least 2 tokens
-    unless it is a segment itself, and j whole words leave 8 - j segments, whose stems x suffixes
-    cover at most ((8 - j) / 2)^2 of the other words in 2 tokens: so the 4 stems (with their
-    space) and the 4 suffixes, 2 tokens a word, are the one best choice (j >= 1 costs more)."""
-    stems, suffixes = ["walk", "jump", "play", "call"], ["ing", "ful", "ed", "er"]
-    words = [" " + a + b for a in stems for b in suffixes]
-    text = "".join(words * 5)
-    tok = HarrisTokenizer.train(text, 8)
-    assert sorted(tok.segments) == sorted([" " + a for a in stems] + suffixes)
-    assert len(tok.encode(text, bos=False)) == 2 * len(words) * 5
-    assert tok.decode(tok.encode(" walking", bos=False)) == " walking"
-    assert [tok.id_to_piece(i) for i in tok.encode(" walking", bos=False)] == [" walk", "ing"]
-    assert tok.stats.boundaries("walking") == [4]  # the cut inspect shows
-
-
-def test_the_best_segment_set_is_found_as_exhaustive_search_finds_it():
-    """Words of 4 stems x 4 suffixes with uneven counts: every choice of n candidates is tried,
-    and training reaches the fewest tokens any of them spends."""
-    from itertools import combinations
-
-    rng = random.Random(3)
-    counts = {" " + a + b: rng.choice([1, 2, 3, 5, 8]) for a in ["walk", "jump", "play", "call"]
-              for b in ["ing", "ful", "ed", "s"]}
-    text = "".join(w * k for w, k in counts.items())
-    word_counts = harris.count_words([text])
-    cands = [s for s, k in harris.candidate_counts(word_counts, SuccessorVariety(harris.letter_word_counts(word_counts))).items()
-             if k >= 2 and len(s.encode()) > 1]
-
-    def tokens(segments):
-        t = HarrisTokenizer(list(segments))
-        return sum(len(t.encode(w, bos=False)) * k for w, k in counts.items())
-
-    for n in (3, 5):
-        best = min(tokens(c) for c in combinations(sorted(cands), n))
-        assert tokens(HarrisTokenizer.train(text, n).segments) == best, n
-
-
-def test_training_is_deterministic(tok, text):
-    again = HarrisTokenizer.train(text, N_SMALL)  # one string is one document
-    assert again.segments == tok.segments and again.fingerprint() == tok.fingerprint()
-
-
-@pytest.mark.slow
-def test_training_does_not_depend_on_the_hash_seed(tok):
-    """Sets and dicts iterate in an order that varies with PYTHONHASHSEED; the segments must not."""
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); from test_tokenizer import morphology_text, N_SMALL; "
-            "from andrea.tokenizer import HarrisTokenizer; print(HarrisTokenizer.train(morphology_text(), N_SMALL).fingerprint())")
-    env = {**os.environ, "PYTHONHASHSEED": "12345"}
-    done = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent)], capture_output=True, text=True,
-                          env=env, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == tok.fingerprint()
-
-
-def test_weights_scale_the_counts():
-    counts = harris.count_words(["a b b", "c"], weights=[2, 0.5])
-    assert counts == Counter({"a": 2, " b": 4, "c": 0.5})
-    with pytest.raises(AndreaError, match="one weight per document"):
-        harris.count_words(["a", "b"], weights=[1])
-    with pytest.raises(AndreaError, match="non-negative"):
-        harris.count_words(["a"], weights=[-1])
-    with pytest.raises(AndreaError, match="non-negative"):
-        harris.count_words(["a"], weights=["2"])
-
-
-def test_counting_on_several_processes_counts_the_same(text, monkeypatch):
-    docs = [text[i : i + 2000] for i in range(0, len(text), 2000)]
-    serial = harris.count_words(docs, workers=1)
-    monkeypatch.setattr(harris, "PARALLEL_COUNT_CHARS", 1)
-    assert harris.count_words(docs, workers=2) == serial
-    assert serial == Counter(w for d in docs for w in WORD_RE.findall(d))
-
-
-def test_the_two_prunings_on_two_processes_choose_the_same(text, monkeypatch):
-    one = HarrisTokenizer.train([text], 120, workers=1)
-    monkeypatch.setattr(harris, "PARALLEL_WORDS", 1)
-    assert HarrisTokenizer.train([text], 120, workers=2).segments == one.segments
-
-
-def test_source_shares_become_document_weights(tmp_path):
-    big, small = tmp_path / "big.txt", tmp_path / "small.txt"
-    big.write_text("word " * 300)
-    small.write_text("other " * 100)
-    texts, weights = load_training_texts([str(big), str(small)])
-    assert weights is None and len(texts) == 2
-    texts, weights = load_training_texts([str(big), str(small)], shares={str(big): 1, str(small): 1})
-    # equal shares: each source's documents weigh in with the same number of bytes in all
-    sizes = [len(t.encode()) for t in texts]
-    assert weights[0] * sizes[0] == pytest.approx(weights[1] * sizes[1])
-    with pytest.raises(AndreaError, match="share"):
-        load_training_texts([str(big)], shares={})
-
-
-def test_too_few_segments_in_the_corpus():
-    with pytest.raises(AndreaError, match=r"requested 5,000 segments but the corpus supplies only \d+"):
-        HarrisTokenizer.train(["the cat sat on the mat. the cat ran."], 5000)
-
-
-@pytest.mark.parametrize("n", [0, -3, 1.5, True, "8"])
-def test_number_of_segments_must_be_a_positive_whole_number(n):
-    with pytest.raises(AndreaError, match="at least 1"):
-        HarrisTokenizer.train(["some text here, some text there"], n)
-
-
-def test_empty_training_text():
-    with pytest.raises(AndreaError, match="empty"):
-        HarrisTokenizer.train([""], 10)
 
 
 # ---------------------------------------------------------------- saving and loading
@@ -523,14 +317,14 @@ def test_save_load_round_trip(tok, tok_dir, text):
     back = HarrisTokenizer.load(tok_dir)
     assert back.segments == tok.segments and back.fingerprint() == tok.fingerprint()
     assert back.encode(text[:3000]) == tok.encode(text[:3000])
-    assert back.stats.boundaries("unworkable") == tok.stats.boundaries("unworkable")
+    assert back.words is not None and back.words == tok.words  # what inspect reads its statistics from
 
 
 def test_load_a_bare_segments_file(tmp_path):
     path = tmp_path / "harris_segments.json"
     path.write_text(json.dumps(["un", "believ", "able"]))
     t = HarrisTokenizer.load(path)
-    assert t.vocab_size == 260 and t.stats is None
+    assert t.vocab_size == 260 and t.words is None
     assert t.encode("unbelievable", bos=False) == [257, 258, 259]
 
 
@@ -693,117 +487,13 @@ def test_cli_error_in_a_subprocess(tok_dir):
 
 # ---------------------------------------------------------------- real English (the default corpus)
 
-SOURCES = list(DEFAULT_SOURCE_NAMES)
-MORPHEMES = ["un", "re", "pre", "ing", "able", "ly", "tion", "ed", "ness", "ment", "er", "est"]
-needs_corpus = pytest.mark.skipif(not all((corpus_dir() / s / "meta.json").exists() for s in SOURCES),
-                                  reason="the default corpus is not fetched (run `andrea data fetch`)")
-
-
-@pytest.fixture(scope="module")
-def english():
-    from andrea.tokenizer_sample import load_documents
-
-    train = [d for s in SOURCES for d in load_documents(s, "train")][::16]  # every 16th document: about 2.4 MB
-    val = [d for s in SOURCES for d in load_documents(s, "val")]
-    return train, val, HarrisTokenizer.train(train, 8192)
-
-
-@needs_corpus
-@pytest.mark.slow
-def test_english_segments_include_the_common_affixes(english):
-    _, _, tok = english
-    found = [m for m in MORPHEMES if m in tok.segments]
-    assert len(found) >= 8, found
-
-
-@needs_corpus
-@pytest.mark.slow
-def test_english_compression_against_byte_level_bpe(english):
-    """Bytes per token on held-out text at least 0.9x a byte-level BPE of the same vocabulary size
-    (8,449) trained on the same text."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-
-    train, val, tok = english
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(vocab_size=tok.vocab_size, special_tokens=["<BOS>"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    bpe.train_from_iterator(train, trainer)
-    assert bpe.get_vocab_size() == tok.vocab_size == 8449
-    size = sum(len(d.encode()) for d in val)
-    harris_bpt = size / sum(map(len, tok.encode_batch(val, bos=False)))
-    bpe_bpt = size / sum(len(e.ids) for e in bpe.encode_batch(val))
-    assert harris_bpt >= 0.9 * bpe_bpt, (harris_bpt, bpe_bpt)
-
-
-def test_tokenizer_train_with_a_training_config_uses_the_curriculum_weights(tmp_path, capsys):
-    """`tokenizer train --config` weighs each source as the curriculum opens: equal shares, then
-    floors and caps; the result equals training on those shares directly."""
-    import json
-
-    from andrea.cli import main
-
-    rng = random.Random(5)
-    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
-    a.write_text(" ".join(rng.choice(["undo", "redo", "kindness", "darkness"]) for _ in range(3000)))
-    b.write_text(" ".join(rng.choice(["playing", "played", "player", "replay"]) for _ in range(600)))
-    config = {"sources": [{"name": "a", "path": str(a), "cap": 0.25}, {"name": "b", "path": str(b)}]}
-    (tmp_path / "train.json").write_text(json.dumps(config))
-    assert main(["tokenizer", "train", "--config", str(tmp_path / "train.json"), "--segments", "8", "--out", str(tmp_path / "t")]) == 0
-    assert f"{a} 0.25, {b} 0.75" in capsys.readouterr().out
-    texts, weights = load_training_texts([str(a), str(b)], {str(a): 0.25, str(b): 0.75})
-    direct = HarrisTokenizer.train(texts, 8, weights=weights)
-    assert HarrisTokenizer.load(tmp_path / "t").fingerprint() == direct.fingerprint()
-    unweighted = HarrisTokenizer.train(texts, 8)
-    assert unweighted.fingerprint() != direct.fingerprint()
-
 
 # ---------------------------------------------------------------- version 4: a character's real cost
-
-DASH_WORDS = "the cat sat on a mat while dog ran over hill and pet slept near door because rain fell softly".split()
-
-
-def dash_docs(n_docs=300, seed=0) -> list[str]:
-    """Sentences of a few words where an em-dash often stands for "and" and a curly apostrophe
-    often joins the first two words: text whose one-character segments of 3 bytes matter."""
-    rng = random.Random(seed)
-
-    def sentence():
-        text = " ".join(rng.choices(DASH_WORDS, k=rng.randint(5, 12)))
-        if rng.random() < 0.6:
-            text = text.replace(" and ", " — ", 1)
-        if rng.random() < 0.5:
-            text = "\u2019".join(text.split(" ", 1))
-        return text.capitalize() + "."
-
-    return [" ".join(sentence() for _ in range(30)) for _ in range(n_docs)]
-
-
-def test_version_4_scores_a_multibyte_character_at_its_bytes():
-    docs = dash_docs()
-    train, held = docs[:250], docs[250:]
-    v3 = HarrisTokenizer.train(train, 60, version=3)
-    v4 = HarrisTokenizer.train(train, 60)
-    assert v4.meta["settings"]["version"] == harris.TRAINER_VERSION == 4 and v3.meta["settings"]["version"] == 3
-    # "’" is used thousands of times and costs 3 byte tokens without its segment: v4 keeps it,
-    # v3 scored its absence as one token (no loss) and dropped it first
-    assert "\u2019" in v4.segments and "\u2019" not in v3.segments
-    spent3 = sum(len(v3.encode(d, bos=False)) for d in held)
-    spent4 = sum(len(v4.encode(d, bos=False)) for d in held)
-    assert spent4 < 0.95 * spent3
-    for tok in (v3, v4):
-        assert all(tok.decode(tok.encode(d)) == d for d in held)
-
-
-def test_version_3_reproduces_the_earlier_release():
-    # the fingerprint the release before version 4 trained on this text (its code, run once)
-    tok = HarrisTokenizer.train(dash_docs()[:250], 60, version=3)
-    assert tok.fingerprint()[:16] == "a8c73fa517f8adc0"
 
 
 def test_tokenizer_files_without_a_version_load_and_encode_as_before(tmp_path):
     docs = dash_docs(60)
-    tok = HarrisTokenizer.train(docs, 40, version=3)
+    tok = train_tokenizer(docs, 40, version=3)
     tok.save(tmp_path)
     meta = json.loads((tmp_path / "tokenizer.json").read_text())
     meta["settings"] = {"min_count": 2}  # what releases before version 4 wrote
@@ -814,22 +504,6 @@ def test_tokenizer_files_without_a_version_load_and_encode_as_before(tmp_path):
     old.save(tmp_path / "again")  # and saving it again keeps what it said
     assert json.loads((tmp_path / "again" / "tokenizer.json").read_text())["settings"] == {"min_count": 2}
     assert [old.encode(d) for d in docs[:5]] == [tok.encode(d) for d in docs[:5]]
-
-
-def test_unknown_trainer_version_is_refused():
-    with pytest.raises(AndreaError, match="version 5 is not one this release trains"):
-        HarrisTokenizer.train("some text some text", 1, version=5)
-
-
-def test_cli_trainer_version(tmp_path, capsys):
-    src = tmp_path / "dash.txt"
-    src.write_text("\n\n".join(dash_docs()[:250]), encoding="utf-8")
-    for v in (3, 4):
-        assert main(["tokenizer", "train", str(src), "--segments", "60", "--trainer-version", str(v),
-                     "--out", str(tmp_path / f"v{v}")]) == 0
-        assert json.loads((tmp_path / f"v{v}" / "tokenizer.json").read_text())["settings"]["version"] == v
-    assert "\u2019" in HarrisTokenizer.load(tmp_path / "v4").segments
-    assert "\u2019" not in HarrisTokenizer.load(tmp_path / "v3").segments
 
 
 # ---------------------------------------------------------------- hostile input
@@ -845,23 +519,6 @@ def test_text_without_end_is_refused_by_the_tokenizer_commands(tmp_path):
         assert "standard input is longer than 64 MiB" in process_sentence(done)
         assert peak < 800_000_000, f"tokenizer {command} peaked at {peak:,} bytes"
 
-@pytest.mark.hostile
-def test_one_very_long_word_costs_training_its_length_not_its_square():
-    """A 200,000-letter word (twice, so it could be a candidate) among ordinary text: fitting ends
-    in seconds (it grew with the square of the word: 2.3 s at 40,000 letters, over a minute at
-    200,000), and no segment is longer than the cap."""
-
-    from andrea import tokenizer
-
-    rng = random.Random(0)
-    word = "".join(rng.choice("abcdefghij") for _ in range(200_000))
-    hostile = " ".join("".join(rng.choice("ab") for _ in range(300)) for _ in range(2000))  # peaks everywhere
-    texts = [" ".join(rng.choice(WORDS) for _ in range(2000)) for _ in range(20)] + [word + " " + word, hostile]
-    start = time.time()
-    tok = HarrisTokenizer.train(texts, 15)
-    assert time.time() - start < 20
-    assert max(len(s) for s in tok.segments) <= getattr(tokenizer, "MAX_WORD_CHARS", 100) + 1
-    assert tok.decode(tok.encode(word, bos=False)) == word
 
 @pytest.mark.hostile
 @pytest.mark.slow
@@ -872,7 +529,7 @@ def test_a_word_list_that_inflates_to_gigabytes_is_never_read_on_load(tmp_path, 
     import gzip
 
     need_time()
-    folder = HarrisTokenizer.train(short_documents(2, 30), 20).save(tmp_path / "tok")
+    folder = train_tokenizer(short_documents(2, 30), 20).save(tmp_path / "tok")
     with gzip.open(folder / "harris_words.txt.gz", "wb", compresslevel=1) as f:
         block = b"a" * (64 << 20)
         for _ in range(16):

@@ -24,8 +24,8 @@ def _byte_count(text: str) -> int:
 
 
 def cmd_tokenizer_train(args) -> int:
-    from andrea.tokenizer import HarrisTokenizer
     from andrea.tokenizer_sample import load_training_texts
+    from andrea.tokenizer_train import train_tokenizer
 
     start = time.time()
     files, shares = list(args.files), None
@@ -42,8 +42,8 @@ def cmd_tokenizer_train(args) -> int:
     print(f"read {len(files)} source(s): {len(texts):,} documents, {size:,} bytes")
     if shares:
         print("weighted by the curriculum's opening weights: " + ", ".join(f"{k} {v:.2f}" for k, v in shares.items()))
-    tok = HarrisTokenizer.train(texts, args.segments, weights=weights, progress=size >= PROGRESS_BYTES,
-                                version=args.trainer_version)
+    tok = train_tokenizer(texts, args.segments, weights=weights, progress=size >= PROGRESS_BYTES,
+                          version=args.trainer_version)
     out = tok.save(args.out)
     print(f"requested {args.segments:,} segments -> found {tok.meta['found']:,} candidates, kept {tok.n_segments:,} "
           f"(V = {tok.vocab_size:,}) in {time.time() - start:.1f} s")
@@ -113,8 +113,10 @@ def cmd_tokenizer_decode(args) -> int:
 
 
 def cmd_tokenizer_inspect(args) -> int:
+    from andrea.tokenizer_train import successor_variety
+
     tok = _load(args)
-    stats = tok.stats
+    stats = successor_variety(tok)
     if stats is None:
         print("this tokenizer has no successor-variety statistics saved with it (a bare harris_segments.json), "
               "so only the encodings are shown.\n")
@@ -150,7 +152,7 @@ def _add_tokenizer_arg(p) -> None:
 
 
 def register(sub) -> None:
-    from andrea.tokenizer import TRAINER_VERSION, TRAINER_VERSIONS
+    from andrea.tokenizer_train import TRAINER_VERSION, TRAINER_VERSIONS
 
     p = sub.add_parser("tokenizer", help="the Harris tokenizer: train, encode, decode, inspect")
     tsub = p.add_subparsers(dest="tokenizer_command", metavar="ACTION", required=True)

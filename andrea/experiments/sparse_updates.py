@@ -108,10 +108,10 @@ def make_batches(exp: SparseUpdatesExperiment) -> tuple[list, int, str]:
             batches.append(data.windows(name, data.sample_offsets(name, B, T, rng), T))
         total = sum(len(s.train) for s in data.sources.values())
         return batches, data.vocab_size, f"{exp.data_dir} ({', '.join(names)}; {total:,} training tokens)"
-    from andrea.tokenizer import HarrisTokenizer
+    from andrea.tokenizer_train import train_tokenizer
 
     texts = package_texts()
-    tok = HarrisTokenizer.train(texts, BUILTIN_SEGMENTS)
+    tok = train_tokenizer(texts, BUILTIN_SEGMENTS)
     stream = torch.tensor([i for t in texts for i in tok.encode(t)], dtype=torch.int64)
     if len(stream) < T + 2:
         raise AndreaError(f"the built-in corpus has {len(stream):,} tokens, fewer than one window of {T + 1}.")
