@@ -511,3 +511,31 @@ def dash_docs(n_docs=300, seed=0) -> list[str]:
         return text.capitalize() + "."
 
     return [" ".join(sentence() for _ in range(30)) for _ in range(n_docs)]
+
+
+# ---------------------------------------------------------------- text for preparing shards
+
+PREP_WORDS = ("the king of old spoke to his people and they went up to the city while the sea rose over "
+              "land where ships sailed far away in storms of night and day café naïve").split()
+
+
+def prep_doc(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(PREP_WORDS) for _ in range(n)).capitalize() + "."
+
+
+def prep_docs(seed: int, n: int) -> list[str]:
+    rng = random.Random(seed)
+    return [prep_doc(rng, rng.randint(5, 300)) for _ in range(n)]
+
+
+def prep_tokenizer():
+    """30 segments fitted on 30 documents of 400 words: the tokenizer the shard tests encode with."""
+    from andrea.tokenizer_train import train_tokenizer
+
+    rng = random.Random(0)
+    return train_tokenizer([prep_doc(rng, 400) for _ in range(30)], 30)
+
+
+def split_tokens(data: Path, name: str, split: str) -> np.ndarray:
+    """One split of one source of a data folder, all its shards read as one array."""
+    return np.asarray(getattr(TokenData(data).sources[name], split)[:])

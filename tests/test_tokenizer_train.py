@@ -4,6 +4,7 @@ English against a byte-level BPE."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import random
@@ -14,15 +15,16 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from helpers import N_SMALL, STEMS, WORDS, dash_docs, morphology_text
+from helpers import N_SMALL, STEMS, WORDS, dash_docs, morphology_text, prep_doc
 
+import andrea.sources as sources
 import andrea.tokenizer_train as trainer
 from andrea.cache import corpus_dir
 from andrea.cli import main
 from andrea.corpus import DEFAULT_SOURCE_NAMES
 from andrea.errors import AndreaError
 from andrea.tokenizer import WORD_RE, HarrisTokenizer
-from andrea.tokenizer_sample import load_training_texts
+from andrea.tokenizer_sample import load_training_texts, sample_source
 from andrea.tokenizer_train import SuccessorVariety, successor_variety, train_tokenizer
 
 
@@ -339,3 +341,26 @@ def test_one_very_long_word_costs_training_its_length_not_its_square():
     assert time.time() - start < 20
     assert max(len(s) for s in tok.segments) <= trainer.MAX_WORD_CHARS + 1
     assert tok.decode(tok.encode(word, bos=False)) == word
+
+
+def test_the_tokenizer_fits_on_an_even_sample_across_files(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(sources, "CHUNK_BYTES", 20_000)
+    root = tmp_path / "big"
+    root.mkdir()
+    for i in range(6):
+        rng = random.Random(i)
+        lines = "".join(json.dumps({"text": f"file{i} " + prep_doc(rng, 60)}) + "\n" for _ in range(400))
+        (root / f"part{i}.jsonl.gz").write_bytes(gzip.compress(lines.encode()))
+    whole = sample_source(str(root), None)
+    assert whole.everything and whole.bytes > 500_000 and whole.tasks_total > 30
+    budget = whole.bytes // 5
+    s = sample_source(str(root), budget)
+    assert not s.everything and budget * 0.9 <= s.bytes <= budget + 2000
+    assert {t.split()[0] for t in s.texts} == {f"file{i}" for i in range(6)}  # drawn from every file
+    assert s.texts == sample_source(str(root), budget).texts  # deterministic
+    assert set(s.texts) <= set(whole.texts)  # training documents only
+    code = main(["tokenizer", "train", str(root), "--segments", "20", "--sample-bytes", str(budget), "--out", str(tmp_path / "t")])
+    out = capsys.readouterr().out
+    assert code == 0 and f"sampling at most {budget:,} bytes" in out and "drawn evenly from" in out and "across 6 files" in out
+    texts, _ = load_training_texts([str(root)], sample_bytes=budget)
+    assert texts == s.texts
