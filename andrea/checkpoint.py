@@ -29,10 +29,10 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import save_file
 
-from andrea.config import ModelConfig, is_int, position_table_size
+from andrea.config import ModelConfig, count_params, is_int, position_table_size
 from andrea.errors import AndreaError
 from andrea.files import atomic_output, check_regular, parse_json
-from andrea.model import param_shapes
+from andrea.model import ANDREA, param_shapes
 from andrea.optim import optimizer_order
 
 FORMAT = "andrea-checkpoint"
@@ -182,7 +182,6 @@ def check_layout(config: ModelConfig, layout: dict[str, tuple[tuple, str]], meta
     the config and the optimizer's groups; return the parameter names in optimizer index order
     (None without an optimizer state). The config is compared by arithmetic first, so a config
     that claims a model far larger than the file is refused before anything is built."""
-    from andrea.config import count_params
 
     model = {k[6:]: v for k, v in layout.items() if k.startswith("model.")}
     for name in layout:
@@ -285,7 +284,6 @@ def check_optimizer_values(state: dict, order: list[str] | None, path) -> None:
 
 def build_model(ckpt: Checkpoint, device="cpu"):
     """The model of a checkpoint, weights loaded, in eval mode."""
-    from andrea.model import ANDREA
 
     model = ANDREA(ckpt.config)
     missing, unexpected = model.load_state_dict(ckpt.model_state, strict=False)

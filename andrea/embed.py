@@ -38,6 +38,8 @@ import torch
 
 from andrea.config import BOS, N_SPECIAL, check_seed, get_preset, norm_params, param_rows
 from andrea.errors import AndreaError, longer_than_context
+from andrea.generate import TextGenerator, stream_ids
+from andrea.model import ANDREA
 from andrea.tokenizer import label_bytes
 from andrea.vectors import cosine_matrix, nearest, pca_2d, tsne_2d, vector_stats, whole_word_mask
 
@@ -103,7 +105,6 @@ def load_subject(checkpoint=None, preset=None, seed: int = 0, tokenizer_dir=None
     """A checkpoint's model, or a freshly initialised preset (seeded), with a tokenizer: the
     checkpoint's, the one in tokenizer_dir, or else the byte-level stand-in. With meta, a preset
     is built without memory (shapes only: enough to count parameters of the largest presets)."""
-    from andrea.model import ANDREA
 
     if checkpoint and preset:
         raise AndreaError("give either a checkpoint or a preset, not both.")
@@ -531,7 +532,6 @@ def generate_steps(model, tokenizer, prompt: str, max_new_tokens: int = 40, temp
     likely alternatives. Arguments are checked before the first token is produced."""
     import codecs
 
-    from andrea.generate import TextGenerator, stream_ids
 
     if isinstance(alternatives, bool) or not isinstance(alternatives, int) or alternatives < 1:
         raise AndreaError(f"the number of alternatives must be an integer of at least 1, got {alternatives!r}.")
@@ -555,7 +555,6 @@ def generate_steps(model, tokenizer, prompt: str, max_new_tokens: int = 40, temp
 
 def preset_parameter_groups(name: str) -> list[ParamGroup]:
     """parameter_groups of a preset, counted on a model built without memory."""
-    from andrea.model import ANDREA
 
     cfg = get_preset(name)
     with torch.device("meta"):

@@ -31,7 +31,8 @@ from typing import Iterator
 
 import torch
 
-from andrea.config import BOS
+from andrea.checkpoint import load_model
+from andrea.config import BOS, check_seed
 from andrea.decode_plan import MODES, DecodePlan
 from andrea.errors import AndreaError
 
@@ -55,7 +56,6 @@ def check_prompt_ids(prompt_ids, vocab_size: int) -> list[int]:
 def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None,
                    seed: int | None = None) -> None:
     """Raise an AndreaError naming the first sampling value out of range."""
-    from andrea.config import check_seed
 
     if seed is not None:
         check_seed(seed)
@@ -282,7 +282,6 @@ def chat_prompt_ids(tokenizer, block_size: int, max_new_tokens: int, turns, line
 
 def load(path, device="cpu") -> TextGenerator:
     """A TextGenerator for the checkpoint at path (a file or a run folder)."""
-    from andrea.checkpoint import load_model
 
     model, tokenizer, _ = load_model(path, device)
     if tokenizer is None:

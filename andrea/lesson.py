@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from andrea.checkpoint import load_model
 from andrea.config import get_preset, param_rows
 from andrea.embed import forward_matrix, table
 from andrea.errors import AndreaError
@@ -371,7 +372,6 @@ STEPS = (step_lookup, step_tables, step_init, step_sparse, step_pairs, step_scor
 
 def load_inputs(checkpoint, ppmi: bool = True, sets=None, log=None) -> Inputs:
     """The model of a checkpoint file or run folder, with what its run folder knows."""
-    from andrea.checkpoint import load_model
 
     model, tokenizer, _ = load_model(checkpoint)
     if tokenizer is None:

@@ -48,6 +48,7 @@ from andrea.files import (
     check_regular,
     read_json,
 )
+from andrea.tokenizer import HarrisTokenizer
 
 MAGIC = b"ANDREATK"
 VERSION = 1
@@ -181,7 +182,6 @@ class TokenData:
         return list(self.sources)
 
     def load_tokenizer(self):
-        from andrea.tokenizer import HarrisTokenizer
 
         tok = HarrisTokenizer.load(self.dir / "tokenizer")
         if tok.fingerprint() != self.manifest["tokenizer"]:

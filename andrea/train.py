@@ -55,7 +55,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from andrea.audit import make_auditor
+from andrea.audit import coherence_score, make_auditor
 from andrea.checkpoint import save_checkpoint
 from andrea.config import BOS, ModelConfig
 from andrea.curriculum import make_curriculum, pick_source
@@ -82,6 +82,7 @@ from andrea.files import (
     remove_dead_temps,
 )
 from andrea.flops import flops_per_token, peak_flops
+from andrea.generate import generate_ids
 from andrea.metrics import Meter, append_row
 from andrea.model import ANDREA
 from andrea.optim import lr_at, make_optimizer
@@ -359,8 +360,6 @@ class Run:
 
     def audit(self, say) -> bool:
         """Generate a sample, score it, and say whether the audit halts the run."""
-        from andrea.audit import coherence_score
-        from andrea.generate import generate_ids
 
         auditor, step, halt = self.state.auditor, self.state.step, False
         if self.master or self.fsdp:  # under FSDP every process generates the same sample (same seed, same logits)

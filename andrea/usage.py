@@ -34,6 +34,7 @@ import numpy as np
 
 from andrea.errors import AndreaError
 from andrea.files import atomic_write_bytes, check_regular
+from andrea.shards import TokenData
 
 USAGE_FILE = "usage.npz"
 USAGE_VERSION = 1
@@ -196,7 +197,6 @@ def run_usage(checkpoint, tokenizer=None, log=None) -> tuple[Usage | None, str]:
     """The usage figures of the data a run trained on (its train.json names the folder), or None
     and the reason they are not known (a bare model file, data that is gone or of another V)."""
     from andrea.files import read_json  # andrea.files and andrea.shards: imported when a run is read
-    from andrea.shards import TokenData
 
     if checkpoint is None:
         return None, "a fresh model has no training data"

@@ -46,6 +46,7 @@ import numpy as np
 
 from andrea.cache import wordsets_dir
 from andrea.config import BOS, is_int
+from andrea.embed import table
 from andrea.errors import AndreaError
 from andrea.files import check_regular, read_json
 from andrea.vectors import cosine, unit_rows, whole_word_mask
@@ -399,7 +400,6 @@ def similarity(tables: dict[str, np.ndarray], index: WordIndex, sets: WordSets |
 
 def model_tables(model) -> dict[str, np.ndarray]:
     """The input table (wte) and the untied head (lm_head) as float32 numpy arrays."""
-    from andrea.embed import table
 
     return {"input": table(model, "input"), "output": table(model, "output")}
 

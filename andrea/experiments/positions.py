@@ -36,9 +36,14 @@ import torch
 import torch.nn.functional as F
 
 from andrea.cache import shards_dir
-from andrea.config import ModelConfig, get_preset
+from andrea.checkpoint import load_model
+from andrea.config import ModelConfig, check_seed, get_preset
 from andrea.errors import AndreaError
 from andrea.evaluate import bits_per_byte, token_byte_lengths
+from andrea.plots import pyplot, save_figure
+from andrea.shards import TokenData
+from andrea.train import train
+from andrea.trainconfig import MAX_BATCH, MAX_INT, TrainConfig
 
 SCHEMES = ("learned", "sinusoidal", "rope", "none")
 
@@ -62,8 +67,6 @@ class PositionsExperiment:
         return base.replace(vocab_size=vocab_size, block_size=2 * self.seq_len, pos=pos)
 
     def check(self) -> None:
-        from andrea.config import check_seed
-        from andrea.trainconfig import MAX_BATCH, MAX_INT
 
         for name, high in (("steps", MAX_INT), ("seq_len", 2**20), ("batch_size", MAX_BATCH), ("eval_windows", MAX_BATCH)):
             value, flag = getattr(self, name), name.replace("_", "-")
@@ -146,10 +149,6 @@ def measure(model, windows: dict, seq_len: int, byte_len: torch.Tensor) -> dict:
 
 
 def run_positions_experiment(exp: PositionsExperiment, log=print, progress: bool = True) -> dict:
-    from andrea.checkpoint import load_model
-    from andrea.shards import TokenData
-    from andrea.train import train
-    from andrea.trainconfig import TrainConfig
 
     exp.check()
     data = TokenData(exp.data_dir)
@@ -222,7 +221,6 @@ def markdown_table(summary: dict) -> str:
 
 
 def plot_positions(summary: dict, path) -> Path:
-    from andrea.plots import pyplot, save_figure
 
     plt = pyplot()
     rows, S = summary["rows"], summary["settings"]["seq_len"]

@@ -43,6 +43,11 @@ import torch
 
 from andrea.config import ModelConfig, check_seed
 from andrea.errors import AndreaError
+from andrea.files import atomic_write_bytes
+from andrea.model import ANDREA
+from andrea.optim import make_optimizer
+from andrea.plots import pyplot, save_figure
+from andrea.tokenizer_train import train_tokenizer
 
 OPTIMIZERS = ("sgd", "adam", "adamw", "v3")
 LABELS = {"sgd": "SGD", "adam": "Adam (v1)", "adamw": "AdamW (v2)", "v3": "Muon + AdamW (v3)"}
@@ -108,7 +113,6 @@ def make_batches(exp: SparseUpdatesExperiment) -> tuple[list, int, str]:
             batches.append(data.windows(name, data.sample_offsets(name, B, T, rng), T))
         total = sum(len(s.train) for s in data.sources.values())
         return batches, data.vocab_size, f"{exp.data_dir} ({', '.join(names)}; {total:,} training tokens)"
-    from andrea.tokenizer_train import train_tokenizer
 
     texts = package_texts()
     tok = train_tokenizer(texts, BUILTIN_SEGMENTS)
@@ -128,7 +132,6 @@ def make_batches(exp: SparseUpdatesExperiment) -> tuple[list, int, str]:
 def build_optimizer(name: str, model) -> tuple[torch.optim.Optimizer, dict]:
     """The optimizer and the facts the explanation needs, read from the group that holds wte: its
     lr, momentum (β1, or SGD's momentum) and weight decay; and the gradient clip."""
-    from andrea.optim import make_optimizer
 
     if name == "sgd":
         opt, clip = torch.optim.SGD(model.parameters(), lr=SGD_LR, momentum=0.0, weight_decay=0.0), None
@@ -144,7 +147,6 @@ def build_optimizer(name: str, model) -> tuple[torch.optim.Optimizer, dict]:
 def train_and_measure(name: str, cfg: ModelConfig, batches: list, seed: int) -> dict:
     """Train a fresh model (the same initial weights for every optimizer) on the batches and, at
     every step, measure how far each row of wte moved and which head rows had a gradient."""
-    from andrea.model import ANDREA
 
     torch.manual_seed(seed)
     model = ANDREA(cfg).train()
@@ -297,7 +299,6 @@ def markdown_table(summary: dict) -> str:
 
 def write_results(summary: dict, out_dir) -> dict:
     """sparse_updates.md, sparse_updates.json and sparse_updates.png in out_dir; their paths."""
-    from andrea.files import atomic_write_bytes
 
     out = Path(out_dir)
     md = markdown_table(summary)
@@ -315,7 +316,6 @@ def write_results(summary: dict, out_dir) -> dict:
 def plot_sparse_updates(summary: dict, path) -> Path:
     """Per optimizer over the steps: ‖Δ‖ of present and absent rows, the share of absent rows that
     moved, and the share of head rows with a gradient."""
-    from andrea.plots import pyplot, save_figure
 
     plt = pyplot()
     fig, (ax, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 4.6), dpi=100)

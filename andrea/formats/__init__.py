@@ -19,7 +19,7 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-from andrea.checkpoint import Checkpoint
+from andrea.checkpoint import Checkpoint, load_checkpoint
 from andrea.config import ModelConfig
 from andrea.errors import AndreaError
 from andrea.files import check_regular
@@ -87,7 +87,6 @@ def _detect_folder(path: Path) -> str:
 
 
 def read_native(path) -> tuple[Checkpoint, list[str]]:
-    from andrea.checkpoint import load_checkpoint
 
     ckpt = load_checkpoint(path)
     ckpt.model_state = check_weights(ckpt.config, ckpt.model_state, str(path))

@@ -54,6 +54,7 @@ from andrea.formats.common import (
     read_segments,
     resume_meta,
 )
+from andrea.model import ANDREA
 
 HEADER = struct.Struct("<ii")
 F32 = np.dtype("<f4")
@@ -240,7 +241,6 @@ def _norm_note(config: ModelConfig, norms: str, n: int) -> str:
 
 def detect_orientation(cfg: ModelConfig, shapes: dict, weights: np.ndarray, tokenizer: dict | None) -> tuple[Orientation, str]:
     """The layout in which the weights predict a probe text best, when one stands out."""
-    from andrea.model import ANDREA
 
     ids = probe_ids(cfg, tokenizer)
     x, y = torch.tensor([ids[:-1]]), torch.tensor([ids[1:]])

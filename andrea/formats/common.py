@@ -11,7 +11,8 @@ from andrea.config import ModelConfig
 from andrea.errors import AndreaError
 from andrea.files import read_json
 from andrea.model import meta_model, param_shapes
-from andrea.optim import optimizer_order
+from andrea.optim import check_recipe, make_optimizer, optimizer_order, param_groups
+from andrea.tokenizer import HarrisTokenizer
 
 RELEASE_CONFIG = "config.json"  # the config file of a release folder this package writes
 SEGMENTS_FILE = "harris_segments.json"
@@ -99,7 +100,6 @@ def muon_trained(cfg: ModelConfig, optim_state: dict | None) -> list[str]:
 def adam_state(cfg: ModelConfig, step: int, moments: dict, recipe: str) -> dict:
     """An optimizer state dict that the trainer's optimizer for `recipe` loads on resume. Under
     v3 the Muon-trained matrices get no state: their momentum starts from zero, as in a new run."""
-    from andrea.optim import check_recipe, make_optimizer
 
     check_recipe(recipe)
     groups = make_optimizer(meta_model(cfg), recipe, device="meta").state_dict()["param_groups"]
@@ -113,7 +113,6 @@ def adam_state(cfg: ModelConfig, step: int, moments: dict, recipe: str) -> dict:
 
 
 def _groups_names(cfg: ModelConfig, recipe: str) -> list[list[str]]:
-    from andrea.optim import param_groups
 
     return [g["names"] for g in param_groups(meta_model(cfg), recipe)]
 
@@ -130,7 +129,6 @@ def resume_meta(step: int, recipe: str) -> dict:
 
 def tokenizer_from_segments(segments, where: str) -> dict:
     """The tokenizer dict a checkpoint embeds, from a list of segments in id order."""
-    from andrea.tokenizer import HarrisTokenizer
 
     if not isinstance(segments, list) or not all(isinstance(s, str) for s in segments):
         raise AndreaError(f"{where} is not a JSON list of segment strings.")
@@ -147,7 +145,6 @@ def checked_tokenizer(tok: dict | None, cfg: ModelConfig, where: str) -> dict | 
     """A tokenizer dict that fits the config's vocabulary (or None)."""
     if tok is None:
         return None
-    from andrea.tokenizer import HarrisTokenizer
 
     t = HarrisTokenizer.from_dict(tok, where)
     if t.vocab_size != cfg.vocab_size:
