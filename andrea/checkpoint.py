@@ -34,6 +34,7 @@ from andrea.errors import AndreaError
 from andrea.files import atomic_output, check_regular, parse_json
 from andrea.model import ANDREA, param_shapes
 from andrea.optim import optimizer_order
+from andrea.tokenizer import HarrisTokenizer
 
 FORMAT = "andrea-checkpoint"
 VERSION = 1
@@ -299,7 +300,6 @@ def load_model(path, device="cpu"):
     model = build_model(ckpt, device)
     tokenizer = None
     if ckpt.tokenizer_dict is not None:
-        from andrea.tokenizer import HarrisTokenizer
 
         tokenizer = HarrisTokenizer.from_dict(ckpt.tokenizer_dict)
         if tokenizer.vocab_size != ckpt.config.vocab_size:

@@ -36,11 +36,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from andrea.checkpoint import load_model
 from andrea.config import BOS, N_SPECIAL, check_seed, get_preset, norm_params, param_rows
 from andrea.errors import AndreaError, longer_than_context
 from andrea.generate import TextGenerator, stream_ids
 from andrea.model import ANDREA
-from andrea.tokenizer import label_bytes
+from andrea.tokenizer import HarrisTokenizer, label_bytes
 from andrea.vectors import cosine_matrix, nearest, pca_2d, tsne_2d, vector_stats, whole_word_mask
 
 TABLES = ("input", "output")
@@ -113,11 +114,9 @@ def load_subject(checkpoint=None, preset=None, seed: int = 0, tokenizer_dir=None
     check_seed(seed)  # torch takes seeds in 0..2^64-1 only
     tokenizer = None
     if tokenizer_dir:
-        from andrea.tokenizer import HarrisTokenizer
 
         tokenizer = HarrisTokenizer.load(tokenizer_dir)
     if checkpoint:
-        from andrea.checkpoint import load_model
 
         model, ckpt_tokenizer, _ = load_model(checkpoint)
         V = model.config.vocab_size

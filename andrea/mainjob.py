@@ -92,6 +92,7 @@ def prepared_tokenizer(n_segments: int, names: list[str], log=print):
     It is fitted on the training text of every source weighted as the curriculum opens (an equal
     share each), not on a raw file head, so a large source cannot dominate the segment alphabet.
     """
+    # imported when this stage runs: the command line imports this module to build its parser, without torch
     from andrea.tokenizer import WORD_PATTERN, HarrisTokenizer
     from andrea.tokenizer_sample import load_training_texts
     from andrea.tokenizer_train import TRAINER_VERSION, train_tokenizer
@@ -109,6 +110,7 @@ def prepared_tokenizer(n_segments: int, names: list[str], log=print):
 
 
 def prepared_data(tokenizer, source_names: list[str], log=print) -> Path:
+    # imported when this stage runs: the command line imports this module to build its parser, without torch
     from andrea.prepare import prepare
     from andrea.shards import PROGRESS_FILE, VERIFIED_FILE, TokenData, verify_shards
 
@@ -129,6 +131,7 @@ def prepared_data(tokenizer, source_names: list[str], log=print) -> Path:
 
 def fetch_scoring_sets(log=print) -> None:
     """The word-similarity sets the run scores at every evaluation; without them it trains on."""
+    # imported when this stage runs: the command line imports this module to build its parser, without torch
     from andrea.wordsim import fetch_wordsets
 
     try:
@@ -148,6 +151,7 @@ def main_job_data(n_segments: int, log=print) -> tuple[list[str], object, Path, 
 
 
 def run_main_job(job: MainJob, log=print) -> dict:
+    # imported when this stage runs: the command line imports this module to build its parser, without torch
     import torch
 
     from andrea.generate import TextGenerator
@@ -171,6 +175,7 @@ def run_main_job(job: MainJob, log=print) -> dict:
                        checkpoint_every=100, seed=job.seed, sampling=job.sampling, eval_windows=16,
                        audit={"enabled": False})
     result = train(cfg, opts, data_dir, out, log=log)
+    # imported when this stage runs: the command line imports this module to build its parser, without torch
     from andrea.checkpoint import load_checkpoint, load_model
 
     best = out / "best.safetensors"
@@ -230,6 +235,7 @@ def repeated_ngram_share(text: str, n: int = 4) -> float:
 
 def _eval_at(metrics: Path, step: int) -> dict | None:
     """The evaluation logged at `step` in a run's metrics.jsonl (None when there is none)."""
+    # imported when this stage runs: the command line imports this module to build its parser, without torch
     from andrea.metrics import read_metrics
 
     found = None

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from andrea.checkpoint import load_model
 from andrea.errors import AndreaError
 from andrea.snapshots import FOLDER, TABLES, read_snapshot, snapshot_path, snapshot_steps
 from andrea.vectors import cosine, nearest, unit_rows
@@ -58,7 +59,6 @@ class Timeline:
             raise AndreaError(f"{run} holds no embedding snapshots ({FOLDER}/); train with snapshots on (the default) "
                               f"to record them.")
         if tokenizer is None:
-            from andrea.checkpoint import load_model
 
             _, tokenizer, _ = load_model(run)
         if tokenizer is None:

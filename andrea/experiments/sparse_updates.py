@@ -47,6 +47,7 @@ from andrea.files import atomic_write_bytes
 from andrea.model import ANDREA
 from andrea.optim import make_optimizer
 from andrea.plots import pyplot, save_figure
+from andrea.shards import TokenData
 from andrea.tokenizer_train import train_tokenizer
 
 OPTIMIZERS = ("sgd", "adam", "adamw", "v3")
@@ -102,7 +103,6 @@ def make_batches(exp: SparseUpdatesExperiment) -> tuple[list, int, str]:
     rng = np.random.default_rng(exp.seed)
     B, T = exp.batch_size, exp.seq_len
     if exp.data_dir is not None:
-        from andrea.shards import TokenData
 
         data = TokenData(exp.data_dir)
         data.check_context(T)

@@ -19,10 +19,11 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-from andrea.checkpoint import Checkpoint, load_checkpoint
+from andrea.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from andrea.config import ModelConfig
 from andrea.errors import AndreaError
 from andrea.files import check_regular
+from andrea.formats.bin import read_bin_or_release, write_bin_or_release
 from andrea.formats.common import (  # noqa: F401  (the formats' shared names, importable from here)
     RELEASE_CONFIG,
     SEGMENTS_FILE,
@@ -38,6 +39,8 @@ from andrea.formats.common import (  # noqa: F401  (the formats' shared names, i
     resume_meta,
     tokenizer_from_segments,
 )
+from andrea.formats.hf import read_hf, write_hf
+from andrea.formats.portable import read_json, write_json
 
 FORMATS = ("native", "bin", "json", "hf")
 
@@ -104,18 +107,15 @@ def read_model(path, fmt: str | None = None, config: ModelConfig | None = None, 
     """
     fmt = fmt or detect_format(path)
     if fmt == "bin":
-        from andrea.formats.bin import read_bin_or_release
 
         ckpt, notes = read_bin_or_release(path, config, segments, orientation, recipe)
     else:
         if fmt == "native":
             ckpt, notes = read_native(path)
         elif fmt == "json":
-            from andrea.formats.portable import read_json
 
             ckpt, notes = read_json(path)
         elif fmt == "hf":
-            from andrea.formats.hf import read_hf
 
             ckpt, notes = read_hf(path)
         else:
@@ -133,22 +133,18 @@ def write_model(ckpt: Checkpoint, path, fmt: str) -> list[str]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if fmt == "native":
-        from andrea.checkpoint import save_checkpoint
 
         # what load_checkpoint adds to meta is written back by save_checkpoint in its own place
         meta = {k: v for k, v in ckpt.meta.items() if k not in ("rng_torch", "optimizer", "format", "version", "config")}
         save_checkpoint(path, ckpt.config, ckpt.model_state, ckpt.optim_state, meta)
         return []
     if fmt == "bin":
-        from andrea.formats.bin import write_bin_or_release
 
         return write_bin_or_release(path, ckpt)
     if fmt == "json":
-        from andrea.formats.portable import write_json
 
         return write_json(path, ckpt)
     if fmt == "hf":
-        from andrea.formats.hf import write_hf
 
         return write_hf(path, ckpt)
     raise AndreaError(f"unknown format {fmt!r}; known: {', '.join(FORMATS)}.")

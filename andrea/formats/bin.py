@@ -55,6 +55,7 @@ from andrea.formats.common import (
     resume_meta,
 )
 from andrea.model import ANDREA
+from andrea.tokenizer import HarrisTokenizer
 
 HEADER = struct.Struct("<ii")
 F32 = np.dtype("<f4")
@@ -269,7 +270,6 @@ def detect_orientation(cfg: ModelConfig, shapes: dict, weights: np.ndarray, toke
 def probe_ids(cfg: ModelConfig, tokenizer: dict | None) -> list[int]:
     """The probe text as ids: the release's tokenizer when there is one, else its raw bytes."""
     if tokenizer is not None:
-        from andrea.tokenizer import HarrisTokenizer
 
         ids = HarrisTokenizer.from_dict(tokenizer).encode(PROBE_TEXT)
     else:
@@ -362,7 +362,6 @@ def write_bin_or_release(path, ckpt: Checkpoint) -> list[str]:
     ckpt.config.save(path / RELEASE_CONFIG)
     tok = ckpt.tokenizer_dict
     if tok is not None:
-        from andrea.tokenizer import HarrisTokenizer
 
         HarrisTokenizer.from_dict(tok).save(path)
     else:
