@@ -36,7 +36,7 @@ def text(seed: int, n_docs: int, words_per_doc: int = 300) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> Path:
+def positions_data(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("positions")
     (root / "alpha.txt").write_text("\n\n".join(text(1, 60)))
     tok = train_tokenizer(text(2, 20), 20)
@@ -44,14 +44,14 @@ def data_dir(tmp_path_factory) -> Path:
     return root / "data"
 
 
-def tiny(data_dir: Path) -> PositionsExperiment:
-    V = TokenData(data_dir).vocab_size
-    return PositionsExperiment(data_dir=data_dir, out_dir=data_dir.parent / "out", steps=3, seq_len=8, batch_size=4,
+def tiny(positions_data: Path) -> PositionsExperiment:
+    V = TokenData(positions_data).vocab_size
+    return PositionsExperiment(data_dir=positions_data, out_dir=positions_data.parent / "out", steps=3, seq_len=8, batch_size=4,
                                eval_windows=4, base=ModelConfig(vocab_size=V, n_embd=16, n_head=2, n_layer=1))
 
 
-def test_runs_end_to_end_on_a_tiny_budget(data_dir, tmp_path):
-    exp = tiny(data_dir)
+def test_runs_end_to_end_on_a_tiny_budget(positions_data, tmp_path):
+    exp = tiny(positions_data)
     exp.out_dir = tmp_path / "out"
     result = run_positions_experiment(exp, log=lambda *a: None, progress=False)
     rows = result["summary"]["rows"]
@@ -79,10 +79,10 @@ def test_runs_end_to_end_on_a_tiny_budget(data_dir, tmp_path):
         run_positions_experiment(exp, log=lambda *a: None, progress=False)
 
 
-def test_within_length_positions_of_a_long_window_equal_a_short_window(data_dir):
+def test_within_length_positions_of_a_long_window_equal_a_short_window(positions_data):
     """The model is causal: positions 0..S-1 of a 2S window see exactly what an S window sees."""
-    exp = tiny(data_dir)
-    data = TokenData(data_dir)
+    exp = tiny(positions_data)
+    data = TokenData(positions_data)
     w = eval_windows(data, exp.seq_len, 4, seed=0)
     torch.manual_seed(0)
     model = ANDREA(exp.config(data.vocab_size, "rope")).eval()
@@ -96,8 +96,8 @@ def test_within_length_positions_of_a_long_window_equal_a_short_window(data_dir)
     assert m["val_bpb"] == pytest.approx(nats / (nbytes * 0.6931471805599453), rel=1e-5)
 
 
-def test_shuffled_windows_are_permutations_of_the_same_text(data_dir):
-    data = TokenData(data_dir)
+def test_shuffled_windows_are_permutations_of_the_same_text(positions_data):
+    data = TokenData(positions_data)
     w = eval_windows(data, 8, 4, seed=5)
     original = torch.cat([w["x"][:, :1], w["y"]], dim=1)[:, :9]
     shuffled = torch.cat([w["shuffled_x"][:, :1], w["shuffled_y"]], dim=1)
@@ -107,7 +107,7 @@ def test_shuffled_windows_are_permutations_of_the_same_text(data_dir):
     assert torch.equal(again["shuffled_x"], w["shuffled_x"])  # one fixed order, the same for every model
 
 
-def test_the_default_data_is_the_newest_prepared_folder(data_dir, tmp_path, monkeypatch):
+def test_the_default_data_is_the_newest_prepared_folder(positions_data, tmp_path, monkeypatch):
     monkeypatch.setenv("ANDREA_CACHE", str(tmp_path / "cache"))
     with pytest.raises(AndreaError, match="andrea main"):
         default_data_dir()
@@ -117,8 +117,8 @@ def test_the_default_data_is_the_newest_prepared_folder(data_dir, tmp_path, monk
     assert default_data_dir() == target
 
 
-def test_bad_settings_are_one_sentence(data_dir, tmp_path, capsys):
-    code = main(["experiment", "positions", "--data", str(data_dir), "--out", str(tmp_path / "o"), "--steps", "0"])
+def test_bad_settings_are_one_sentence(positions_data, tmp_path, capsys):
+    code = main(["experiment", "positions", "--data", str(positions_data), "--out", str(tmp_path / "o"), "--steps", "0"])
     err = capsys.readouterr().err
     assert code == 2 and "steps must be at least 1" in err
     code = main(["experiment", "positions", "--data", str(tmp_path / "missing"), "--out", str(tmp_path / "o")])
@@ -126,8 +126,8 @@ def test_bad_settings_are_one_sentence(data_dir, tmp_path, capsys):
     assert code == 2 and "andrea prepare" in err and "Traceback" not in err
 
 
-def test_cli_runs_on_a_tiny_budget(data_dir, tmp_path, capsys):
-    code = main(["experiment", "positions", "--data", str(data_dir), "--out", str(tmp_path / "o"), "--steps", "2",
+def test_cli_runs_on_a_tiny_budget(positions_data, tmp_path, capsys):
+    code = main(["experiment", "positions", "--data", str(positions_data), "--out", str(tmp_path / "o"), "--steps", "2",
                  "--seq-len", "8", "--batch-size", "2", "--no-progress"])
     out = capsys.readouterr().out
     assert code == 0
