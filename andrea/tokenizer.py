@@ -388,7 +388,7 @@ class HarrisTokenizer:
             tok = cls.from_dict(d, str(meta_file))
             if d.get("n_segments", len(segments)) != len(segments):
                 raise AndreaError(f"{seg_file} holds {len(segments):,} segments but {meta_file.name} "
-                                  f"says {d['n_segments']:,}; the two files do not belong together.")
+                                  f"says {str(d['n_segments'])[:40]}; the two files do not belong together.")
             meta = tok.meta
         words_file = seg_file.with_name(WORDS_FILE)
         return cls(segments, meta, words, words_file if path.is_dir() and words_file.is_file() else None)

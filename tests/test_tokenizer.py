@@ -545,3 +545,22 @@ def test_a_word_list_that_inflates_to_gigabytes_is_never_read_on_load(tmp_path, 
     src.write_text("\n\n".join(short_documents(4, 3)))
     code, _, err = cli(capsys, "prepare", src, "--tokenizer", folder, "--out", tmp_path / "d", "--no-progress")
     assert code == 0, err
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("value", ['"257"', "null", "[3]", "2.5"])
+def test_a_tokenizer_json_whose_segment_count_is_not_a_number_is_one_sentence(tmp_path, capsys, value):
+    """tokenizer.json saying "n_segments": "257" (or null, a list, a fraction): `andrea tokenizer
+    encode` ends in one sentence naming the two files, not a ValueError traceback."""
+    import json
+
+    from andrea.cli import main
+
+    tok = HarrisTokenizer([" cat", " dog"])
+    tok.save(tmp_path / "tok")
+    meta = tmp_path / "tok" / "tokenizer.json"
+    d = json.loads(meta.read_text())
+    meta.write_text(json.dumps(d).replace(f'"n_segments": {d["n_segments"]}', f'"n_segments": {value}'))
+    code = main(["tokenizer", "encode", "--tokenizer", str(tmp_path / "tok"), "the cat"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and err.count("\n") == 1, err
