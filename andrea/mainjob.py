@@ -86,6 +86,30 @@ class MainJob:
         return out
 
 
+def tokenizer_folder(n_segments: int, names) -> Path:
+    """Where the main job keeps its tokenizer of n_segments fitted on these sources."""
+    # imported when this is asked: the command line imports this module to build its parser, without torch
+    from andrea.tokenizer import WORD_PATTERN
+    from andrea.tokenizer_train import TRAINER_VERSION
+
+    names = sorted(names)
+    key = hashlib.sha256(f"{n_segments}|{'+'.join(names)}|{WORD_PATTERN}|{TRAINER_VERSION}".encode()).hexdigest()[:16]
+    return tokenizers_dir() / f"harris-{n_segments}-{key}"
+
+
+def cached_main_data() -> Path | None:
+    """The main job's shard folder on this machine's CPU shape (andrea-cpu's vocabulary, the
+    default sources), when it is prepared; else None."""
+    from andrea.corpus import DEFAULT_SOURCE_NAMES
+    from andrea.tokenizer import HarrisTokenizer
+
+    folder = tokenizer_folder(get_preset(MainJob.on("cpu").preset).n_segments, DEFAULT_SOURCE_NAMES)
+    if not (folder / "harris_segments.json").is_file():
+        return None
+    data = shards_dir() / HarrisTokenizer.load(folder).fingerprint()[:16]
+    return data if (data / "manifest.json").is_file() else None
+
+
 def prepared_tokenizer(n_segments: int, names: list[str], log=print):
     """The tokenizer for the main job: trained once, then loaded from the cache.
 
@@ -93,13 +117,11 @@ def prepared_tokenizer(n_segments: int, names: list[str], log=print):
     share each), not on a raw file head, so a large source cannot dominate the segment alphabet.
     """
     # imported when this stage runs: the command line imports this module to build its parser, without torch
-    from andrea.tokenizer import WORD_PATTERN, HarrisTokenizer
+    from andrea.tokenizer import HarrisTokenizer
     from andrea.tokenizer_sample import load_training_texts
-    from andrea.tokenizer_train import TRAINER_VERSION, train_tokenizer
+    from andrea.tokenizer_train import train_tokenizer
 
-    names = sorted(names)
-    key = hashlib.sha256(f"{n_segments}|{'+'.join(names)}|{WORD_PATTERN}|{TRAINER_VERSION}".encode()).hexdigest()[:16]
-    folder = tokenizers_dir() / f"harris-{n_segments}-{key}"
+    folder = tokenizer_folder(n_segments, names)
     if (folder / "harris_segments.json").exists():
         return HarrisTokenizer.load(folder), folder
     log(f"training the Harris tokenizer ({n_segments:,} segments), an equal share of text per source")

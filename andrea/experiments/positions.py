@@ -83,7 +83,13 @@ class PositionsExperiment:
 
 
 def default_data_dir() -> Path:
-    """The newest prepared shard folder in the cache (where the main job puts its data)."""
+    """The main job's shards when they are cached (andrea.mainjob.cached_main_data), else the
+    newest prepared shard folder in the cache."""
+    from andrea.mainjob import cached_main_data  # the main job's stages load their modules when they run
+
+    main = cached_main_data()
+    if main is not None:
+        return main
 
     root = shards_dir()
     found = sorted(root.glob("*/manifest.json"), key=lambda p: p.stat().st_mtime, reverse=True) if root.is_dir() else []
