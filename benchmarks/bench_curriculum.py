@@ -102,6 +102,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=job.seed, help=f"the first seed (default {job.seed})")
     ap.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS), help="which samplings (default all)")
     ap.add_argument("--threads", type=int, help="torch threads (default torch's choice)")
+    ap.add_argument("--brief", action="store_true", help="print the comparison only, without the tables of where each "
+                                                          "sampling spent its steps and what ANDREA's reward paid for")
     ap.add_argument("--out", type=Path, help="keep the runs here (default a temporary folder, removed)")
     args = ap.parse_args(argv)
 
@@ -132,6 +134,7 @@ def main(argv=None) -> int:
         root = args.out
     seeds = list(range(args.seed, args.seed + args.seeds))
     results, counts, drawn = {}, {}, {}  # drawn: each run's (source, loss) per step, where its metrics are still there
+    reused = []  # runs measured by an earlier call with the same --out and settings
     try:
         for seed in seeds:
             for arm in args.arms:
@@ -148,6 +151,7 @@ def main(argv=None) -> int:
                 if kept is not None and kept.get("eval") is None:
                     kept = None  # written by an older version for a run a signal stopped: train it anew
                 if kept is not None:  # measured by an earlier call with the same --out and settings
+                    reused.append(f"{arm} (seed {seed})")
                     say(f"{arm} sampling, seed {seed}: kept from {run}: {kept['eval']['all']['bpb']:.4f} bits/byte")
                     results[arm, seed] = SimpleNamespace(eval=kept["eval"], step=kept["step"])
                     counts[arm, seed] = Counter(kept["counts"])
@@ -208,12 +212,12 @@ def main(argv=None) -> int:
         if all(drawn[a, s] for s in seeds):
             per_seed = [shares_by_part([source for source, _ in drawn[a, s]], names) for s in seeds]
             shares[a] = [{n: statistics.fmean(p[k][n] for p in per_seed) for n in names} for k in range(3)]
-    if shares:
+    if shares and not args.brief:
         print("Share of steps per source in the first, middle and last third of each run (mean over seeds):\n")
         rows = [[a, *("/".join(f"{100 * shares[a][k][n]:.0f}" for k in range(3)) for n in names)] for a in shares]
         print(md_table(["sampling", *(f"{n} (%)" for n in names)], rows))
         print()
-    if "ucb" in args.arms and all(drawn["ucb", s] for s in seeds):
+    if "ucb" in args.arms and all(drawn["ucb", s] for s in seeds) and not args.brief:
         per_seed = [reward_anatomy(drawn["ucb", s], names) for s in seeds]
         keys = ("pulls", "reward", "late", "noise", "progress")
         rows = [[n, *(f"{statistics.fmean(p[n][k] for p in per_seed):,.{0 if k == 'pulls' else 1}f}" for k in keys)]
@@ -225,6 +229,8 @@ def main(argv=None) -> int:
         print(md_table(["source", "pulls", "mean reward", "mean reward, last 2/3", "loss noise, last 2/3",
                         "progress per pull, last 2/3"], rows))
         print()
+    if reused:
+        print(f"Runs kept from an earlier call with the same settings in {args.out}: {', '.join(reused)}.\n")
     print("Lowest bits per byte per source: " + ", ".join(f"{a} on {best[a]}" for a in args.arms) + f" of {len(names)}; "
           f"overall, in order: {', '.join(f'{a} {overall[a]:.4f}' for a in order)}. "
           + ("One seed per arm: a small difference may be noise." if len(seeds) == 1 else ""))
