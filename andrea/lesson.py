@@ -44,11 +44,10 @@ from andrea.checkpoint import load_model
 from andrea.config import get_preset, param_rows
 from andrea.embed import forward_matrix, table
 from andrea.errors import AndreaError
-from andrea.files import read_json
 from andrea.shards import TokenData
 from andrea.snapshots import snapshot_steps
 from andrea.timeline import Timeline, row_updates
-from andrea.usage import MIN_USES, STANDALONE, data_usage
+from andrea.usage import MIN_USES, STANDALONE, data_usage, run_data
 from andrea.vectors import vector_stats
 from andrea.wordsim import (
     LESSON_PAIRS,
@@ -392,7 +391,7 @@ def inputs_for(model, tokenizer, name: str, checkpoint, ppmi: bool = True, sets=
         inp.timeline = Timeline(run, tokenizer)
     else:
         inp.timeline_note = f"{run} holds no embedding snapshots (train with snapshots on, the default, to keep them)"
-    _attach_data(inp, run, log)
+    _attach_data(inp, checkpoint, log)
     inp.score_tables = {"input": centred(table(model, "input"))}
     if inp.ppmi and inp.data is not None and inp.sets is not None:
         if log:
@@ -402,28 +401,15 @@ def inputs_for(model, tokenizer, name: str, checkpoint, ppmi: bool = True, sets=
     return inp
 
 
-def _attach_data(inp: Inputs, run: Path, log) -> None:
-    cfg = run / "train.json"
-    if not cfg.is_file():
-        inp.usage_note = f"{run} has no train.json naming the training data"
+def _attach_data(inp: Inputs, checkpoint, log) -> None:
+    """The run's training data and how its tokens are used (andrea.usage), or the note saying why not."""
+    inp.data, inp.usage_note = run_data(checkpoint, inp.model.config.vocab_size)
+    if inp.data is None:
         return
     try:
-        recorded = read_json(cfg, "train.json")
-    except AndreaError as e:
-        inp.usage_note = str(e).rstrip(".")
-        return
-    data_dir = recorded.get("data") if isinstance(recorded, dict) else None
-    if not isinstance(data_dir, str) or not Path(data_dir).is_dir():
-        inp.usage_note = f"the training data named in {cfg} ({data_dir!r}) is not here"
-        return
-    try:
-        inp.data = TokenData(data_dir)
-        if inp.data.vocab_size != inp.model.config.vocab_size:
-            raise AndreaError(f"{data_dir} has V = {inp.data.vocab_size:,}, the model {inp.model.config.vocab_size:,}")
         inp.usage = data_usage(inp.data, inp.tokenizer, log=log)
     except AndreaError as e:
-        inp.data, inp.usage = None, None
-        inp.usage_note = str(e).rstrip(".")
+        inp.data, inp.usage_note = None, str(e).rstrip(".")
 
 
 def lesson(inp: Inputs) -> list[Step]:

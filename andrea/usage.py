@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from andrea.errors import AndreaError
-from andrea.files import atomic_write_bytes, check_regular
+from andrea.files import atomic_write_bytes, check_regular, read_json
 from andrea.shards import TokenData
 
 USAGE_FILE = "usage.npz"
@@ -193,25 +193,35 @@ def _read(path: Path, tag: str, vocab_size: int) -> Usage | None:
     return usage
 
 
-def run_usage(checkpoint, tokenizer=None, log=None) -> tuple[Usage | None, str]:
-    """The usage figures of the data a run trained on (its train.json names the folder), or None
-    and the reason they are not known (a bare model file, data that is gone or of another V)."""
-    from andrea.files import read_json  # andrea.files and andrea.shards: imported when a run is read
-
+def run_data(checkpoint, vocab_size: int | None = None) -> tuple[TokenData | None, str]:
+    """The prepared data folder a run trained on (its train.json names it), or None and the reason
+    it is not known: a fresh model, a bare model file, data that is gone, damaged or of another V."""
     if checkpoint is None:
         return None, "a fresh model has no training data"
     path = Path(checkpoint)
     run = path if path.is_dir() else path.parent
-    if not (run / "train.json").is_file():
+    cfg = run / "train.json"
+    if not cfg.is_file():
         return None, f"{run} has no train.json naming the training data"
     try:
-        recorded = read_json(run / "train.json", "train.json")
+        recorded = read_json(cfg, "train.json")
         data_dir = recorded.get("data") if isinstance(recorded, dict) else None
         if not isinstance(data_dir, str) or not Path(data_dir).is_dir():
-            return None, f"the training data named in {run / 'train.json'} ({data_dir!r}) is not here"
+            return None, f"the training data named in {cfg} ({data_dir!r}) is not here"
         data = TokenData(data_dir)
-        if tokenizer is not None and data.vocab_size != tokenizer.vocab_size:
-            return None, f"{data_dir} has V = {data.vocab_size:,}, the model's tokenizer {tokenizer.vocab_size:,}"
+    except AndreaError as e:
+        return None, str(e).rstrip(".")
+    if vocab_size is not None and data.vocab_size != vocab_size:
+        return None, f"{data_dir} has V = {data.vocab_size:,}, the model {vocab_size:,}"
+    return data, ""
+
+
+def run_usage(checkpoint, tokenizer=None, log=None) -> tuple[Usage | None, str]:
+    """The usage figures of the data a run trained on (`run_data`), or None and why not."""
+    data, why = run_data(checkpoint, tokenizer.vocab_size if tokenizer is not None else None)
+    if data is None:
+        return None, why
+    try:
         return data_usage(data, tokenizer, log=log), ""
     except AndreaError as e:
         return None, str(e).rstrip(".")

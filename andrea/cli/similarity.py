@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from pathlib import Path
 
 from andrea.cli.common import print_json
 
@@ -18,27 +17,24 @@ def _rho(s: dict) -> str:
     return f"{s['rho']:+.3f} ± {s['null']:.3f} (n {s['n']:>4})"
 
 
-def _data_dir(args, checkpoint: Path) -> Path:
-    """--data, else the data folder the run recorded in its train.json."""
+def _ppmi_data(args):
+    """--data, else the data folder the run recorded in its train.json (andrea.usage.run_data)."""
     from andrea.errors import AndreaError
-    from andrea.files import read_json
+    from andrea.shards import TokenData
+    from andrea.usage import run_data
 
     if args.data:
-        return Path(args.data)
-    run = checkpoint if checkpoint.is_dir() else checkpoint.parent
-    if not (run / "train.json").exists():
-        raise AndreaError(f"{run} has no train.json naming its data; give --data DIR for the PPMI reference.")
-    data = read_json(run / "train.json", "the run's train.json")
-    if not isinstance(data, dict) or not isinstance(data.get("data"), str):
-        raise AndreaError(f"{run}/train.json names no data folder; give --data DIR for the PPMI reference.")
-    return Path(data["data"])
+        return TokenData(args.data)
+    data, why = run_data(args.checkpoint)
+    if data is None:
+        raise AndreaError(f"{why}; give --data DIR for the PPMI reference.")
+    return data
 
 
 def cmd_similarity(args) -> int:
     from andrea.cli.embed import check_source
     from andrea.embed import load_subject
     from andrea.errors import AndreaError
-    from andrea.shards import TokenData
     from andrea.usage import run_usage
     from andrea.wordsim import load_wordsets, model_tables, ppmi_vectors, similarity, train_token_chunks, word_index
 
@@ -55,7 +51,7 @@ def cmd_similarity(args) -> int:
         index.standalone = usage.standalone_words()
     tables = model_tables(model)
     if args.ppmi:
-        data = TokenData(_data_dir(args, Path(args.checkpoint or ".")))
+        data = _ppmi_data(args)
         if data.vocab_size != V or (hasattr(tok, "fingerprint") and data.manifest["tokenizer"] != tok.fingerprint()):
             raise AndreaError(f"the shards in {data.dir} were made by another tokenizer than this model's (V = "
                               f"{data.vocab_size:,} there, {V:,} here): PPMI must count the model's own tokens.")
