@@ -42,6 +42,7 @@ from andrea.errors import AndreaError, longer_than_context
 from andrea.generate import TextGenerator, stream_ids
 from andrea.model import ANDREA
 from andrea.tokenizer import HarrisTokenizer, label_bytes
+from andrea.usage import STANDALONE_RULE
 from andrea.vectors import cosine_matrix, nearest, pca_2d, tsne_2d, vector_stats, whole_word_mask
 
 TABLES = ("input", "output")
@@ -321,7 +322,7 @@ def neighbours(model, tokenizer, word: str, k: int = 10, metric: str = "cos", wh
     rows = nearest(m, vec, k, metric, exclude=set(lk.ids), only=only)
     out = {"word": _lookup_dict(lk), "table": which, "metric": metric, "whole_words": whole_words,
            "whole_words_rule": None if not whole_words else "a space and letters" if usage is None else
-           "a space and letters, standing alone in at least 80% of at least 20 uses",
+           f"a space and letters, {STANDALONE_RULE}",
            "norm": float(np.linalg.norm(vec)),
            "neighbours": [{"id": i, "piece": tokenizer.id_to_piece(i), "score": s} for i, s in rows]}
     if usage is not None:

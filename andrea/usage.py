@@ -41,6 +41,7 @@ USAGE_VERSION = 1
 TOP = 8  # continuations kept per token
 STANDALONE = 0.8  # a token "stands alone" when it does in at least this share of its uses ...
 MIN_USES = 20  # ... and was seen at least this often
+STANDALONE_RULE = f"standing alone in at least {STANDALONE:.0%} of at least {MIN_USES} uses"
 CHUNK = 4_000_000  # tokens read from a shard at a time
 
 

@@ -35,7 +35,7 @@ def cmd_similarity(args) -> int:
     from andrea.cli.embed import check_source
     from andrea.embed import load_subject
     from andrea.errors import AndreaError
-    from andrea.usage import run_usage
+    from andrea.usage import STANDALONE_RULE, run_usage
     from andrea.wordsim import load_wordsets, model_tables, ppmi_vectors, similarity, train_token_chunks, word_index
 
     check_source(args)
@@ -58,7 +58,7 @@ def cmd_similarity(args) -> int:
         tables["ppmi"] = ppmi_vectors(train_token_chunks(data), V, d)
     report = similarity(tables, index, sets, analogies=not args.no_analogies).to_dict()
     report["model"] = subject.name
-    report["standalone_rule"] = None if usage is None else "both words single tokens standing alone in ≥80% of ≥20 uses"
+    report["standalone_rule"] = None if usage is None else f"both words single tokens {STANDALONE_RULE}"
     report["usage_unknown"] = usage_note or None
     if args.json:
         print_json(report)
