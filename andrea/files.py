@@ -266,6 +266,14 @@ def _line_at(raw: bytes, offset: int) -> int:
     return raw.count(b"\n", 0, offset) + 1
 
 
+def utf8_text(data: bytes, what: str, advice: str = "andrea reads text as UTF-8") -> str:
+    """Bytes as text: UTF-8, or one sentence naming `what`, the first bad byte and its offset."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise AndreaError(f"{what} is not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start:,}); {advice}.") from None
+
+
 def read_json(path, what: str = "file"):
     """The JSON value in a file, or an AndreaError that names `what`, the path and the problem."""
     path = Path(path)

@@ -48,7 +48,7 @@ from andrea.cache import wordsets_dir
 from andrea.config import BOS, is_int
 from andrea.embed import table
 from andrea.errors import AndreaError
-from andrea.files import check_regular, read_json
+from andrea.files import check_regular, read_json, utf8_text
 from andrea.vectors import cosine, unit_rows, whole_word_mask
 
 WORDSETS_PIP = ["gensim==4.4.0", "--platform", "manylinux_2_28_x86_64", "--python-version", "3.11",
@@ -134,11 +134,7 @@ def _wordset_text(path: Path, size: int | None) -> str:
                           f"run `andrea data fetch wordsets` again.")
     with open(path, "rb") as f:
         raw = f.read(MAX_WORDSET_BYTES + 1)
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise AndreaError(f"{path} is not UTF-8 text (byte {raw[e.start]:#04x} at offset {e.start:,}); "
-                          f"run `andrea data fetch wordsets` again.") from None
+    return utf8_text(raw, str(path), "run `andrea data fetch wordsets` again")
 
 
 def _recorded_sizes(root: Path) -> dict:

@@ -6,6 +6,7 @@ import json
 import sys
 
 from andrea.errors import AndreaError
+from andrea.files import utf8_text
 
 MAX_PROMPT_BYTES = 4 << 20  # a model sees at most its context (some thousand tokens) of a prompt
 MAX_TEXT_BYTES = 64 << 20  # what `andrea tokenizer` reads from standard input; more is `andrea prepare`'s work
@@ -13,15 +14,6 @@ MAX_TEXT_BYTES = 64 << 20  # what `andrea tokenizer` reads from standard input; 
 
 def print_json(obj) -> None:
     print(json.dumps(obj, indent=2, ensure_ascii=False))
-
-
-def utf8_text(data: bytes, what: str) -> str:
-    """Bytes read from standard input as text: UTF-8, or one sentence saying where it is not."""
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise AndreaError(f"{what} is not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start:,}); "
-                          f"andrea reads text as UTF-8.") from None
 
 
 def read_stdin(what: str, limit: int, line: bool = False, advice: str = "give less") -> str:
