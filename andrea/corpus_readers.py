@@ -198,17 +198,31 @@ def read_factbook(blob: bytes) -> list[str]:
 
 
 def read_chitchat(blob: bytes) -> list[str]:
-    """The Chit Chat Challenge's conversations, one per document: every message's text in order,
-    one line per message (the JSON keeps a conversation as turns, each a list of messages)."""
+    """The Chit Chat Challenge's conversations, one per document, in ANDREA's turn format: a line
+    `> ...` for the one who speaks first, `< ...` for the other, alternating as the data records
+    them. The JSON keeps a conversation as turns, each a list of one sender's messages; a turn's
+    messages make one line (joined by spaces, a newline inside a message read as a space), empty
+    turns are left out and one sender's turns that then meet are one turn. So the model learns the
+    format `andrea chat` and `andrea serve` speak: after `> line\n< ` comes a reply, ended by a
+    newline."""
     with zipfile.ZipFile(io.BytesIO(blob)) as z:
         data = json.loads(z.read("chitchat_dataset/dataset.json").decode("utf-8"))
     if not isinstance(data, dict):
         raise AndreaError("chitchat_dataset/dataset.json does not map conversation ids to conversations.")
     docs = []
     for conversation in data.values():
-        lines = [m["text"].strip() for turn in conversation["messages"] for m in turn]
-        if any(lines):
-            docs.append("\n".join(line for line in lines if line))
+        turns: list[list] = []  # [sender, text]
+        for turn in conversation["messages"]:
+            text = " ".join(" ".join(m["text"].split()) for m in turn if m["text"].strip())
+            if not text:
+                continue
+            sender = turn[0].get("sender")  # a turn without one is taken as the other speaker's
+            if turns and sender is not None and turns[-1][0] == sender:
+                turns[-1][1] += " " + text
+            else:
+                turns.append([sender, text])
+        if turns:
+            docs.append("\n".join(f"{'><'[i % 2]} {text}" for i, (_, text) in enumerate(turns)))
     return docs
 
 

@@ -235,20 +235,41 @@ def wheel(files: dict[str, str]) -> bytes:
     return buf.getvalue()
 
 
-def test_chitchat_reader_takes_each_conversations_messages_one_per_line():
-    def msg(text):
-        return {"text": text, "timestamp": "2018-05-02T19:38:15Z", "sender": "720840be"}
+def test_chitchat_reader_keeps_the_turns_in_andreas_format():
+    def msg(text, sender="720840be"):
+        return {"text": text, "timestamp": "2018-05-02T19:38:15Z", "sender": sender}
 
-    data = {"a07edb12": {"messages": [[msg("Hello"), msg("How are you doing today?")], [msg(" im good "), msg("")],
-                                      [msg("Do you have a pet?")]],
+    data = {"a07edb12": {"messages": [[msg("Hello"), msg("How are you doing today?")],
+                                      [msg(" im good ", "549cc1d1"), msg("", "549cc1d1")],
+                                      [msg("Do you have\na pet?")]],
                          "prompt": "What's your favourite animal?", "start": "2018-05-02T19:38:01Z"},
             "b1": {"messages": [[msg("  ")]], "start": "2018-05-03T01:38:01Z"},
-            "c2": {"messages": [[msg("My dog")], [msg("sleeps on Tuesday")]], "ratings": {"witty": 10}}}
+            # an empty turn between two of one sender's turns: they meet, and are one turn
+            "c2": {"messages": [[msg("My dog", "x")], [msg(" ", "y")], [msg("sleeps on Tuesday", "x")], [msg("ok", "y")]],
+                   "ratings": {"witty": 10}}}
     blob = wheel({"chitchat_dataset/dataset.json": json.dumps(data), "chitchat_dataset/__init__.py": "x"})
-    assert corpus_readers.read_chitchat(blob) == ["Hello\nHow are you doing today?\nim good\nDo you have a pet?",
-                                          "My dog\nsleeps on Tuesday"]
+    assert corpus_readers.read_chitchat(blob) == [
+        "> Hello How are you doing today?\n< im good\n> Do you have a pet?",
+        "> My dog sleeps on Tuesday\n< ok"]
     with pytest.raises(AndreaError, match="does not map conversation ids"):
         corpus_readers.read_chitchat(wheel({"chitchat_dataset/dataset.json": "[]"}))
+
+
+def test_a_chitchat_document_is_what_andrea_chat_shows_the_model():
+    """The model, after BOS, sees `> line\n< ` before its reply (generate.chat_prompt_ids), and
+    its reply ends at a newline: the training text is that, turn after turn."""
+    from andrea.generate import chat_prompt_ids
+
+    class Chars:  # a tokenizer of one id per character, enough to read back what the model sees
+        def encode(self, text, bos=False):
+            return ([256] if bos else []) + [ord(c) for c in text]
+
+    turns = [["a", "Hi there"], ["b", "hey how are you"], ["a", "good"], ["b", "nice"]]
+    data = {"1": {"messages": [[{"text": t, "sender": s}] for s, t in turns]}}
+    (doc,) = corpus_readers.read_chitchat(wheel({"chitchat_dataset/dataset.json": json.dumps(data)}))
+    ids, dropped = chat_prompt_ids(Chars(), 1024, 64, [("Hi there", "hey how are you")], "good")
+    seen = "".join(chr(i) for i in ids[1:])
+    assert dropped == 0 and doc.startswith(seen) and doc[len(seen):] == "nice"
 
 
 BROWN_SAMPLE = (
@@ -322,7 +343,34 @@ def serve(monkeypatch, tmp_path, blobs: dict[str, bytes]):
 def pinned_to(source, blob):
     """The source as it would be pinned to this very archive: the checksum passes, the reader sees it."""
     return corpus.Source(source.name, source.description, source.client, source.package,
-                         hashlib.sha256(blob).hexdigest(), source.reader, source.licence)
+                         hashlib.sha256(blob).hexdigest(), source.reader, source.licence, source.reader_version)
+
+
+def test_a_cache_an_earlier_reader_wrote_is_read_again(monkeypatch, tmp_path):
+    """chitchat's reader kept no turns before version 2: a cache it wrote is read again, once, and
+    the main job's tokenizer is keyed by the reader's version, so it is fitted on the new text."""
+    from andrea.mainjob import tokenizer_folder
+
+    blob = wheel({"chitchat_dataset/dataset.json": json.dumps(
+        {str(i): {"messages": [[{"text": f"hi {i}", "sender": "a"}], [{"text": "yo", "sender": "b"}]]} for i in range(30)})})
+    source = pinned_to(corpus.EVERYDAY_SOURCES["chitchat"], blob)
+    assert source.reader_version == 2
+    serve(monkeypatch, tmp_path, {"chitchat": blob})
+    said = []
+    out = corpus.fetch_source(source, log=said.append)
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["reader_version"] == 2 and said[-1].startswith("fetched chitchat: 30 documents")
+    assert corpus.fetch_source(source, log=said.append) == out and len(said) == 1  # cached: nothing said, nothing read
+    del meta["reader_version"]  # as version 1 wrote it
+    (out / "meta.json").write_text(json.dumps(meta))
+    (out / "train.jsonl").write_text("".join(json.dumps({"text": f"hi {i}\nyo"}) + "\n" for i in range(29)))
+    corpus.fetch_source(source, log=said.append)
+    assert "read by an earlier reader (version 1, now 2)" in said[1] and said[2].startswith("fetched chitchat")
+    assert json.loads((out / "train.jsonl").read_text().splitlines()[0])["text"] == "> hi 0\n< yo"
+    assert corpus.source_key("chitchat") == "chitchat@r2" and corpus.source_key("brown") == "brown"
+    keyed = tokenizer_folder(6144, ["chitchat", "brown"])
+    monkeypatch.setattr(corpus, "source_key", lambda name: name)  # as if every reader were at its first version
+    assert tokenizer_folder(6144, ["chitchat", "brown"]) != keyed
 
 
 def test_a_damaged_everyday_archive_ends_in_one_sentence_and_leaves_nothing(monkeypatch, tmp_path):
@@ -361,7 +409,7 @@ def test_everyday_fetch_by_name_by_flag_and_when_a_client_is_missing(monkeypatch
             samples.load_documents(name)
     assert not (tmp_path / "cache").exists()
     chitchat = wheel({"chitchat_dataset/dataset.json": json.dumps(
-        {str(i): {"messages": [[{"text": f"conversation {i}"}, {"text": "about my cat"}]]} for i in range(30)})})
+        {str(i): {"messages": [[{"text": f"conversation {i}"}], [{"text": "about my cat"}]]} for i in range(30)})})
     brown = tgz({f"package/ca{i:02d}": BROWN_SAMPLE for i in range(1, 13)})
     everyday = {"chitchat": pinned_to(corpus.EVERYDAY_SOURCES["chitchat"], chitchat),
                 "brown": pinned_to(corpus.EVERYDAY_SOURCES["brown"], brown)}
@@ -370,7 +418,7 @@ def test_everyday_fetch_by_name_by_flag_and_when_a_client_is_missing(monkeypatch
     assert main(["data", "fetch", "chitchat"]) == 0
     meta = corpus.source_meta(corpus.corpus_dir() / "chitchat")
     assert (meta["documents"], meta["val_documents"], meta["package"]) == (30, 1, "chitchat-dataset==0.9.0")
-    assert samples.load_documents("chitchat", "val") == ["conversation 10\nabout my cat"]
+    assert samples.load_documents("chitchat", "val") == ["> conversation 10\n< about my cat"]
     monkeypatch.setattr(corpus, "DEFAULT_SOURCES", {})
     monkeypatch.setattr(corpus, "MIN_SOURCES", 0)
     monkeypatch.setattr(corpus, "MIN_CORPUS_BYTES", 0)
