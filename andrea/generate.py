@@ -232,6 +232,7 @@ class Chat:
         self.seed = seed
         self.turns: list[tuple[str, str]] = []
         self.n_replies = 0
+        self.ended: str | None = None  # how the last reply ended: "turn" (a newline), "bos" or "limit" (max_new_tokens)
 
     def prompt_ids(self, line: str) -> list[int]:
         """The ids the model sees before replying to line, after dropping turns that do not fit."""
@@ -246,14 +247,24 @@ class Chat:
         seed = None if self.seed is None else (self.seed + self.n_replies) % 2**64  # a seed stays in 0..2^64-1
         self.n_replies += 1
         ids = stream_ids(self.generator.model, self.prompt_ids(line), self.max_new_tokens, seed=seed, **self.sampling)
-        answer = []
-        for piece in stream_text_pieces(self.generator.tokenizer, ids):
+        counted = [0]
+
+        def count(ids):
+            for i in ids:
+                counted[0] += 1
+                yield i
+
+        answer, self.ended = [], None
+        for piece in stream_text_pieces(self.generator.tokenizer, count(ids)):
             piece, newline, _ = piece.partition("\n")
             if piece:
                 answer.append(piece)
                 yield piece
             if newline:
+                self.ended = "turn"
                 break
+        if self.ended is None:
+            self.ended = "limit" if counted[0] >= self.max_new_tokens else "bos"
         self.turns.append((line, "".join(answer)))
 
 

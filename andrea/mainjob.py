@@ -57,6 +57,7 @@ class MainJob:
     lr: float | None = None  # None: the recipe's own in RECIPE_SETTINGS
     samples: int = 3
     segments: int | None = None  # the tokenizer's segments, and so the model's vocabulary; None: the preset's
+    compile: bool = False  # torch.compile the model (its compile time counts against the minutes)
 
     @classmethod
     def on(cls, device: str = "cpu", **changes) -> "MainJob":
@@ -89,10 +90,11 @@ class MainJob:
 def tokenizer_folder(n_segments: int, names) -> Path:
     """Where the main job keeps its tokenizer of n_segments fitted on these sources."""
     # imported when this is asked: the command line imports this module to build its parser, without torch
+    from andrea.corpus import source_key
     from andrea.tokenizer import WORD_PATTERN
     from andrea.tokenizer_train import TRAINER_VERSION
 
-    names = sorted(names)
+    names = sorted(source_key(n) for n in names)
     key = hashlib.sha256(f"{n_segments}|{'+'.join(names)}|{WORD_PATTERN}|{TRAINER_VERSION}".encode()).hexdigest()[:16]
     return tokenizers_dir() / f"harris-{n_segments}-{key}"
 
@@ -176,7 +178,9 @@ def run_main_job(job: MainJob, log=print) -> dict:
     # imported when this stage runs: the command line imports this module to build its parser, without torch
     import torch
 
+    from andrea.evaluate import final_evaluation, token_byte_lengths
     from andrea.generate import TextGenerator
+    from andrea.shards import TokenData
     from andrea.train import train
     from andrea.trainconfig import TrainConfig
 
@@ -195,7 +199,7 @@ def run_main_job(job: MainJob, log=print) -> dict:
     opts = TrainConfig(**job.train_settings(), batch_size=shape["batch_size"], seq_len=min(shape["seq_len"], cfg.block_size),
                        time_limit=None if job.steps else job.minutes * 60, max_steps=job.steps, eval_every=shape["eval_every"], patience=shape["patience"],
                        checkpoint_every=100, seed=job.seed, sampling=job.sampling, eval_windows=16,
-                       audit={"enabled": False})
+                       audit={"enabled": False}, compile=job.compile)
     result = train(cfg, opts, data_dir, out, log=log)
     # imported when this stage runs: the command line imports this module to build its parser, without torch
     from andrea.checkpoint import load_checkpoint, load_model
@@ -205,6 +209,8 @@ def run_main_job(job: MainJob, log=print) -> dict:
     best_step = load_checkpoint(chosen).step
     best_eval = _eval_at(out / "metrics.jsonl", best_step) or result.eval
     model, tok, _ = load_model(chosen)
+    log(f"evaluating {chosen} on every source's held-out text (the final figure, outside the training budget)")
+    final = final_evaluation(model, TokenData(data_dir), opts.seq_len, token_byte_lengths(tok, cfg.vocab_size))
     generator = TextGenerator(model, tok)
     samples = []
     for i, prompt in enumerate(PROMPTS[: job.samples]):
@@ -213,13 +219,23 @@ def run_main_job(job: MainJob, log=print) -> dict:
         samples.append({"prompt": prompt, "greedy": greedy, "sampled": sampled,
                         "greedy_repeated_4grams": repeated_ngram_share(prompt + greedy),
                         "sampled_repeated_4grams": repeated_ngram_share(prompt + sampled)})
+    chat = generator.chat(max_new_tokens=60, temperature=0.8, top_k=40, seed=0)
+    exchange = []
+    for line in CHAT_LINES:
+        reply = "".join(chat.reply(line))
+        exchange.append({"line": line, "reply": reply, "ended": chat.ended})
     summary = {
         "preset": shape["preset"],
         "vocab_size": cfg.vocab_size,
         "recipe": job.recipe,
         "stopped": result.stopped,
-        "val_bpb": result.eval["all"]["bpb"],
-        "val_bpb_by_source": {n: m["bpb"] for n, m in result.eval.items() if n != "all"},
+        # the final evaluation of the checkpoint the samples come from, on all the held-out text
+        "val_bpb": final["all"]["bpb"],
+        "val_bpb_se": final["all"]["se"],
+        "val_bpb_by_source": {n: m["bpb"] for n, m in final.items() if n != "all"},
+        "val_tokens": final["all"]["tokens"],
+        "final_eval_seconds": final["all"]["seconds"],
+        "last_eval_bpb": result.eval["all"]["bpb"],  # the last evaluation during training (a few windows)
         "best_step": best_step,
         "best_val_bpb": best_eval["all"]["bpb"],
         "steps": result.step,
@@ -232,6 +248,7 @@ def run_main_job(job: MainJob, log=print) -> dict:
         "tokenizer": str(tok_dir),
         "data": str(data_dir),
         "samples": samples,
+        "chat": exchange,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
@@ -239,6 +256,8 @@ def run_main_job(job: MainJob, log=print) -> dict:
 
 # One prompt per kind of text the default corpus holds: a chat, a story, a speech.
 PROMPTS = ["I have a cat and a dog", "On Tuesday morning she", "The people of the United States"]
+# A chat's lines, in andrea chat's turn format: the main job's samples end with one exchange.
+CHAT_LINES = ["Hi, how are you?", "Do you have any pets?"]
 
 
 def repeated_ngram_share(text: str, n: int = 4) -> float:

@@ -8,7 +8,9 @@ model's parameters, the steps and tokens per second it reached, validation bits 
 sources and each; bits per byte do not depend on the vocabulary), the share of SimLex-999's and
 WordSim-353's words that are single tokens in their word-initial form, the lesson's words that
 are, and the word-similarity scores of the centred input table (all pairs; n and null spread in
-the JSON) with the lesson's cos(␣cat, ␣dog) − cos(␣cat, ␣Tuesday) against 3/√d; beside them the
+the JSON, and over the pairs of words that stand alone in the run's training text) with the
+lesson's cos(␣cat, ␣dog) − cos(␣cat, ␣Tuesday) against 3/√d, and bench_chat.py's chat measure of
+the best checkpoint; beside them the
 same scores of the count-based reference on the same training tokens (PPMI of ±2-token
 co-occurrences, SVD to d, centred; `andrea.wordsim.ppmi_vectors`), once per segment count. With
 several seeds, a row of means ± standard deviations follows each count's runs.
@@ -32,10 +34,29 @@ from common import load_average, machine_line, md_table, say
 
 
 def table_scores(table: dict) -> dict:
-    """ρ on both sets (all pairs) and the lesson's gap, of one centred table's report."""
+    """ρ on both sets (all pairs, and pairs of words that stand alone where the usage is known) and
+    the lesson's gap, of one centred table's report."""
     gap = table["lesson"]["cat·dog"]["cos"] - table["lesson"]["cat·Tuesday"]["cos"]
     return {"simlex": table["simlex999"]["all"], "wordsim": table["wordsim353"]["all"], "gap": gap,
+            "simlex_alone": table["simlex999"].get("standalone"), "wordsim_alone": table["wordsim353"].get("standalone"),
             "lesson": table["lesson"]}
+
+
+def standalone_index(index, checkpoint: str, tok) -> None:
+    """Mark the words whose tokens stand alone in the run's training text (andrea.usage)."""
+    from andrea.usage import run_usage
+
+    usage, _ = run_usage(checkpoint, tok)
+    if usage is not None:
+        index.standalone = usage.standalone_words()
+
+
+def chat_scores(checkpoint: str) -> dict:
+    """bench_chat's measure of the checkpoint: shares of non-empty replies and of replies ending at the turn."""
+    from bench_chat import MAX_NEW_TOKENS, PROMPTS, SEEDS, measure
+
+    r = measure(Path(checkpoint), PROMPTS, SEEDS, MAX_NEW_TOKENS)
+    return {"non_empty": r["non_empty"], "turn": r["turn"], "replies": len(r["replies"])}
 
 
 def scores(checkpoint: str) -> dict:
@@ -46,8 +67,9 @@ def scores(checkpoint: str) -> dict:
     model, tok, _ = load_model(checkpoint)
     sets = load_wordsets()
     index = word_index(tok, model.config.vocab_size, sets)
+    standalone_index(index, checkpoint, tok)
     report = similarity(model_tables(model), index, sets, analogies=False)
-    return {"coverage": report.coverage, "lesson_single": [w for w in LESSON_WORDS if index.single(w)],
+    return {"chat": chat_scores(checkpoint), "coverage": report.coverage, "lesson_single": [w for w in LESSON_WORDS if index.single(w)],
             "band": 3 / math.sqrt(report.d), **table_scores(report.tables["input"]["centred"])}
 
 
@@ -61,7 +83,9 @@ def ppmi_scores(checkpoint: str, data: str) -> dict:
     sets = load_wordsets()
     v, d = model.config.vocab_size, model.config.n_embd
     vectors = ppmi_vectors(train_token_chunks(TokenData(data)), v, d)
-    report = similarity({"ppmi": vectors}, word_index(tok, v, sets), sets, analogies=False)
+    index = word_index(tok, v, sets)
+    standalone_index(index, checkpoint, tok)
+    report = similarity({"ppmi": vectors}, index, sets, analogies=False)
     return table_scores(report.tables["ppmi"]["centred"])
 
 
@@ -79,7 +103,7 @@ def run_one(n: int, seed: int, args, out: Path) -> dict:
     summary = run_main_job(job, log=say)
     params = count_params(get_preset(job.preset).replace(vocab_size=n + N_SPECIAL))
     r = {"segments": n, "seed": seed, "params": params, "load": load, **{k: summary[k] for k in (
-        "steps", "tokens_per_s", "val_bpb", "val_bpb_by_source", "best_val_bpb", "train_seconds", "best_checkpoint",
+        "steps", "tokens_per_s", "val_bpb", "val_bpb_se", "val_bpb_by_source", "best_val_bpb", "train_seconds", "best_checkpoint",
         "data")}, **scores(summary["best_checkpoint"])}
     done.write_text(json.dumps(r, indent=2) + "\n")
     return r
@@ -88,10 +112,21 @@ def run_one(n: int, seed: int, args, out: Path) -> dict:
 def row(r: dict) -> list:
     share = {k: f"{c['single_token_words'] / c['words']:.0%}" for k, c in r["coverage"].items()}
     by = ", ".join(f"{k} {v:.3f}" for k, v in r["val_bpb_by_source"].items())
+    se = f" ± {r['val_bpb_se']:.4f}" if r.get("val_bpb_se") is not None else ""
+    chat = r.get("chat")
+    chat = f"{chat['non_empty']:.0%} / {chat['turn']:.0%}" if chat else ""
     return [f"{r['segments']:,}", f"{r['segments'] + 257:,}", str(r["seed"]), f"{r['params']:,}", f"{r['steps']:,}",
-            f"{r['tokens_per_s']:,.0f}", f"{r['val_bpb']:.4f}", by, share["simlex999"], share["wordsim353"],
+            f"{r['tokens_per_s']:,.0f}", f"{r['val_bpb']:.4f}{se}", by, share["simlex999"], share["wordsim353"],
             " ".join(r["lesson_single"]) or "-", f"{r['simlex']['rho']:+.3f}", f"{r['wordsim']['rho']:+.3f}",
-            f"{r['gap']:+.3f}", r["load"]]
+            alone(r), f"{r['gap']:+.3f}", chat, r["load"]]
+
+
+def alone(r: dict) -> str:
+    """SimLex ρ / WordSim ρ over pairs of words that stand alone, with n."""
+    if not r.get("simlex_alone") or not r.get("wordsim_alone"):
+        return ""
+    s, w = r["simlex_alone"], r["wordsim_alone"]
+    return f"{s['rho']:+.3f} (n {s['n']}) / {w['rho']:+.3f} (n {w['n']})"
 
 
 def mean_row(runs: list[dict]) -> list:
@@ -106,12 +141,20 @@ def mean_row(runs: list[dict]) -> list:
     return [f"{runs[0]['segments']:,}", "", f"mean of {len(runs)}", "", ms((r["steps"] for r in runs), ",.0f"),
             ms((r["tokens_per_s"] for r in runs), ",.0f"), ms((r["val_bpb"] for r in runs), ".4f"), by, "", "", "",
             ms((r["simlex"]["rho"] for r in runs), "+.3f"), ms((r["wordsim"]["rho"] for r in runs), "+.3f"),
-            ms((r["gap"] for r in runs), "+.3f"), ""]
+            (f"{ms((r['simlex_alone']['rho'] for r in runs), '+.3f')} / {ms((r['wordsim_alone']['rho'] for r in runs), '+.3f')}"
+             if all(r.get("simlex_alone") and r.get("wordsim_alone") for r in runs) else ""),
+            ms((r["gap"] for r in runs), "+.3f"),
+            (f"{ms((r['chat']['non_empty'] * 100 for r in runs), '.0f')}% / {ms((r['chat']['turn'] * 100 for r in runs), '.0f')}%"
+             if all(r.get("chat") for r in runs) else ""), ""]
 
 
 def main(argv=None) -> int:
-    from andrea.errors import AndreaError
+    from bench_chat import PROMPTS, SEEDS
 
+    from andrea.errors import AndreaError
+    from andrea.usage import STANDALONE_RULE
+
+    CHAT_REPLIES = len(PROMPTS) * len(SEEDS)
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--segments", nargs="+", type=int, default=[4096, 6144, 8192], help="segment counts (default 4096 6144 8192)")
     ap.add_argument("--seeds", nargs="+", type=int, default=[1337], help="seeds (default 1337, the main job's)")
@@ -135,22 +178,26 @@ def main(argv=None) -> int:
             rows.append(mean_row(runs))
         p = ppmi[n]
         rows.append([f"{n:,}", "", "PPMI", "", "", "", "", "", "", "", "", f"{p['simlex']['rho']:+.3f}",
-                     f"{p['wordsim']['rho']:+.3f}", f"{p['gap']:+.3f}", ""])
+                     f"{p['wordsim']['rho']:+.3f}", alone(p), f"{p['gap']:+.3f}", "", ""])
     first = next(iter(results.values()))[0]
     print("## The main job's vocabulary at equal wall time (`bench_vocab.py`)\n")
     print(machine_line() + "\n")
     print(f"`andrea main --segments N --minutes {args.minutes:g} --seed S` for each N and S, one after the other "
           f"({(time.time() - t0) / 60:.0f} min in all, this call; runs reused from earlier calls count their own time); "
           f"andrea-cpu's body (d 256, 4 layers, 8 heads), V = N + 257. Validation: bits per byte on every source's "
-          f"held-out windows (the last evaluation). Single: the share of the set's words that are one token in their "
+          f"held-out text, the final evaluation of the best checkpoint (as much text as every source holds in equal "
+          f"measure; ± its standard error) where the run recorded one, else the last evaluation during training. Single: the share of the set's words that are one token in their "
           f"word-initial form. ρ: Spearman, all pairs (SimLex-999 n {first['simlex']['n']}, null ±"
           f"{first['simlex']['null']:.3f}; WordSim-353 n {first['wordsim']['n']}, null ±{first['wordsim']['null']:.3f}), "
           f"centred input table of the best checkpoint. Lesson gap: cos(␣cat, ␣dog) − cos(␣cat, ␣Tuesday), the "
-          f"same table; the target 3/√d is {first['band']:.3f}. PPMI rows: the count-based reference on the same "
-          f"training tokens, centred, d 256.\n")
+          f"same table; the target 3/√d is {first['band']:.3f}. Standing alone: ρ over the pairs whose two words are "
+          f"single tokens {STANDALONE_RULE} of the run's training text (andrea.usage). Chat: bench_chat.py's share of "
+          f"non-empty replies / of replies that end at the turn's end ({CHAT_REPLIES} replies a run). PPMI rows: the "
+          f"count-based reference on the same training tokens, centred, d 256.\n")
     print(md_table(["segments", "V", "seed", "parameters", "steps", "tokens/s", "val bpb", "by source", "SimLex single",
-                    "WordSim single", "lesson words single", "SimLex ρ", "WordSim ρ", "lesson gap", "load at start"],
-                   rows, right={0, 1, 3, 4, 5, 6, 11, 12, 13}))
+                    "WordSim single", "lesson words single", "SimLex ρ", "WordSim ρ", "SimLex ρ / WordSim ρ, standing alone",
+                    "lesson gap", "chat", "load at start"],
+                   rows, right={0, 1, 3, 4, 5, 6, 11, 12, 14}))
     return 0
 
 

@@ -16,11 +16,14 @@ def cmd_main(args) -> int:
         raise AndreaError(f"--segments must be at least 1 and at most {MAX_VOCAB - N_SPECIAL:,} (token shards hold ids "
                           f"below {MAX_VOCAB:,}), got {args.segments}.")
     job = MainJob(preset=args.preset, minutes=args.minutes, steps=args.steps, out=args.out, sampling=args.sampling, seed=args.seed,
-                  recipe=args.recipe, segments=args.segments)
+                  recipe=args.recipe, segments=args.segments, compile=args.compile)
     summary = run_main_job(job)
     print()
-    print(f"validation bits per byte: {summary['val_bpb']:.4f}  ("
+    se = f" ± {summary['val_bpb_se']:.4f}" if summary["val_bpb_se"] is not None else ""
+    print(f"validation bits per byte: {summary['val_bpb']:.4f}{se}  ("
           + ", ".join(f"{n} {v:.3f}" for n, v in summary["val_bpb_by_source"].items()) + ")")
+    print(f"  (step {summary['best_step']:,}, on {summary['val_tokens']:,} held-out tokens, evaluated in "
+          f"{summary['final_eval_seconds']:.0f} s after training; ± is the standard error)")
     mfu = f", MFU {100 * summary['mfu']:.1f}%" if summary["mfu"] is not None else ""
     print(f"trained {summary['steps']:,} steps in {summary['train_seconds'] / 60:.1f} min at "
           f"{summary['tokens_per_s']:,.0f} tokens/s{mfu}")
@@ -32,6 +35,10 @@ def cmd_main(args) -> int:
             label = "greedy" if kind == "greedy" else "sampled (temperature 0.8, top-k 40)"
             text = (s["prompt"] + s[kind]).replace("\n", "\n    ")
             print(f"  {label}, repeated 4-grams {100 * s[kind + '_repeated_4grams']:.0f}%:\n    {text}")
+    print("  a chat in andrea chat's turn format (temperature 0.8, top-k 40):")
+    for turn in summary["chat"]:
+        cut = " [the length limit]" if turn["ended"] == "limit" else ""
+        print(f"    > {turn['line']}\n    < {turn['reply']}{cut}")
     print(f"checkpoint: {summary['checkpoint']}")
     print(f"try: andrea generate --checkpoint {summary['best_checkpoint']} --prompt 'The'")
     return 0
@@ -60,4 +67,6 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=1337, help="seed of everything random (default 1337)")
     p.add_argument("--recipe", default=MAIN_RECIPE, choices=list(RECIPE_SETTINGS),
                    help=f"the training recipe, with the settings measured for it (default {MAIN_RECIPE})")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model; compiling counts against "
+                   "--minutes (BENCHMARKS.md, \"Compiling the main job at equal wall time\", says whether it pays)")
     p.set_defaults(func=cmd_main)

@@ -1,0 +1,133 @@
+"""Does the main job's model answer in the chat format? Replies to a fixed set of lines, measured.
+
+Each of PROMPTS is sent, as the first line of a new conversation, to `andrea chat`'s own code
+(`andrea.generate.Chat`, which `andrea serve`'s chat completions share through
+`chat_prompt_ids`) with its defaults: temperature 1.0, no top-k or top-p, at most 256 new tokens.
+Once per seed. A reply is empty when it holds nothing but spaces; it ends at the turn's end when
+the model wrote a newline (the turn format's end of a reply), at BOS, or at the length limit.
+Several checkpoints are measured side by side (a model of today's corpus beside one of another),
+each on the same prompts and seeds.
+
+    .venv/bin/python benchmarks/bench_chat.py                                   # newest runs/main-*
+    .venv/bin/python benchmarks/bench_chat.py --checkpoint before=runs/a after=runs/b
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from common import machine_line, md_table, say
+
+# Lines a person might open a chat with: greetings, questions about the day, about likes and plans.
+PROMPTS = [
+    "Hi, how are you?",
+    "What did you do today?",
+    "Do you have any pets?",
+    "What is your favourite food?",
+    "Where are you from?",
+    "What are you studying?",
+    "Do you like to read?",
+    "What music do you listen to?",
+    "Any plans for the weekend?",
+    "How was your day?",
+    "What do you do for fun?",
+    "Have you seen any good movies lately?",
+    "Do you play any sports?",
+    "What is the weather like there?",
+    "I just got a new dog.",
+    "I am so tired today.",
+    "What is your favourite season?",
+    "Do you like to travel?",
+    "Tell me about your family.",
+    "What do you want to do after college?",
+    "Do you cook?",
+    "I love cats.",
+]
+SEEDS = (1, 2, 3)
+MAX_NEW_TOKENS = 256  # andrea chat's default
+
+
+def newest_main_run(root: Path = Path("runs")) -> Path:
+    runs = sorted((p.parent for p in root.glob("main-*/latest.safetensors")), key=lambda p: p.stat().st_mtime)
+    if not runs:
+        from andrea.errors import AndreaError
+
+        raise AndreaError(f"no runs/main-*/latest.safetensors under {root}; run `andrea main` or pass --checkpoint.")
+    return runs[-1]
+
+
+def measure(checkpoint: Path, prompts: list[str], seeds, max_new_tokens: int) -> dict:
+    """Every reply to every prompt under every seed, with how it ended."""
+    from andrea.generate import load
+
+    generator = load(checkpoint)
+    replies = []
+    t0 = time.time()
+    for seed in seeds:
+        for prompt in prompts:
+            chat = generator.chat(max_new_tokens=max_new_tokens, seed=seed)
+            text = "".join(chat.reply(prompt))
+            replies.append({"prompt": prompt, "seed": seed, "reply": text, "ended": chat.ended})
+    n = len(replies)
+    share = lambda test: sum(map(test, replies)) / n  # noqa: E731
+    return {
+        "checkpoint": str(checkpoint),
+        "replies": replies,
+        "seconds": time.time() - t0,
+        "non_empty": share(lambda r: bool(r["reply"].strip())),
+        "turn": share(lambda r: r["ended"] == "turn"),
+        "bos": share(lambda r: r["ended"] == "bos"),
+        "limit": share(lambda r: r["ended"] == "limit"),
+        "words": sum(len(r["reply"].split()) for r in replies) / n,
+    }
+
+
+def main(argv=None) -> int:
+    from andrea.errors import AndreaError
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--checkpoint", nargs="+", metavar="[LABEL=]PATH", help="run folders or checkpoint files, each "
+                    "with a name to show when given as LABEL=PATH (default: the newest runs/main-*)")
+    ap.add_argument("--seeds", nargs="+", type=int, default=list(SEEDS), help="sampling seeds (default 1 2 3)")
+    ap.add_argument("--max-new-tokens", type=int, default=MAX_NEW_TOKENS, help="the length limit (default 256, "
+                    "andrea chat's)")
+    ap.add_argument("--examples", type=int, default=4, help="replies shown per checkpoint (default 4)")
+    args = ap.parse_args(argv)
+    try:
+        given = [c.partition("=") if "=" in c else (c, "", c) for c in args.checkpoint or [str(newest_main_run())]]
+        results = []
+        for label, _, ckpt in given:
+            ckpt = Path(ckpt)
+            say(f"bench_chat: {len(PROMPTS)} prompts x {len(args.seeds)} seeds against {ckpt}")
+            results.append((label, measure(ckpt, PROMPTS, args.seeds, args.max_new_tokens)))
+    except AndreaError as e:
+        print(f"bench_chat: error: {e}", file=sys.stderr)
+        return 2
+
+    n = len(PROMPTS) * len(args.seeds)
+    print("## Chatting with the main job's model\n")
+    print(f"machine: {machine_line()}\n")
+    print(f"{len(PROMPTS)} opening lines × seeds {', '.join(map(str, args.seeds))} ({n} replies per model), each the "
+          f"first turn of a new `andrea chat` conversation (`andrea.generate.Chat`, temperature 1.0, at most "
+          f"{args.max_new_tokens} new tokens). Non-empty: the reply holds more than spaces. Ends at the turn: the model "
+          f"wrote the newline that ends a reply in the turn format; at the limit: it wrote {args.max_new_tokens} tokens "
+          f"without one.\n")
+    rows = [[label, f"`{r['checkpoint']}`", f"{100 * r['non_empty']:.0f}%", f"{100 * r['turn']:.0f}%",
+             f"{100 * r['bos']:.0f}%", f"{100 * r['limit']:.0f}%", f"{r['words']:.1f}", f"{r['seconds']:.0f} s"]
+            for label, r in results]
+    print(md_table(["model", "checkpoint", "non-empty", "ends at the turn", "ends at BOS", "ends at the limit",
+                    "words per reply", "time"], rows, right={2, 3, 4, 5, 6, 7}))
+    for label, r in results:
+        print(f"\nThe first {args.examples} replies of {label} (seed {args.seeds[0]}):\n\n```text")
+        for rep in r["replies"][: args.examples]:
+            text = rep["reply"] if len(rep["reply"]) <= 300 else rep["reply"][:297] + "..."
+            print(f"> {rep['prompt']}\n< {text}")
+        print("```")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
