@@ -13,6 +13,7 @@ from starlette.testclient import TestClient
 from andrea.web.http import (
     Fields,
     Guard,
+    Limits,
     RequestError,
     UvicornServer,
     bind,
@@ -164,3 +165,98 @@ def test_a_number_too_large_for_a_float_is_refused_not_a_500(value):
     with pytest.raises(RequestError, match="temperature must be a number in"):
         Fields({"temperature": value}, {"temperature"}).number("temperature", 1.0, 0, 2)
     assert Fields({"top_p": 1}, {"top_p"}).number("top_p", 1.0, 0, 1, lo_open=True) == 1.0
+
+
+# ---------------------------------------------------------------- slow and greedy clients
+
+
+def render(e: RequestError) -> dict:
+    return {"error": e.message, "code": e.code}
+
+
+def read_all(sock, seconds: float = 10.0) -> bytes:
+    """What the server sends until it closes the connection."""
+    sock.settimeout(seconds)
+    out = b""
+    while chunk := sock.recv(65536):
+        out += chunk
+    return out
+
+
+def response_json(raw: bytes) -> tuple[int, dict]:
+    import json
+
+    head, _, body = raw.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)
+
+
+@pytest.mark.hostile
+def test_a_request_head_that_does_not_arrive_in_time_is_408_and_the_connection_closes():
+    """Half a request, then nothing (or a header line now and then): the connection is answered in
+    the server's shape and closed, on a fresh connection and on one kept alive after a reply."""
+    import socket
+    import time
+
+    server = UvicornServer(bind("127.0.0.1", 0), small_app(), render=render, head_seconds=0.5, lifespan="off")
+    server.start()
+    port = server.sock.getsockname()[1]
+    try:
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            t0 = time.monotonic()
+            s.sendall(b"POST /echo HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+            time.sleep(0.3)
+            s.sendall(b"X-Slow: 1\r\n")  # trickling header lines does not reset the deadline
+            status, body = response_json(read_all(s))
+            assert status == 408 and body["code"] == "request_timeout" and time.monotonic() - t0 < 5
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.sendall(b'POST /echo HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n'
+                      b'Content-Length: 2\r\n\r\n{}')
+            s.settimeout(10)
+            assert s.recv(65536).startswith(b"HTTP/1.1 200")
+            time.sleep(0.6)  # the first request was whole and in time: answered, not cut
+            s.sendall(b"GET /echo HTTP/1.1\r\n")  # the next one stalls: 408 after its own deadline
+            status, body = response_json(read_all(s))
+            assert status == 408 and "did not arrive within 0.5 s" in body["error"]
+        r = httpx.post(f"http://127.0.0.1:{port}/echo", json={"a": 1}, timeout=30)  # the server goes on
+        assert r.json() == {"got": {"a": 1}}
+    finally:
+        server.stop()
+
+
+@pytest.mark.hostile
+def test_connections_over_the_limit_or_one_addresss_share_are_answered_in_the_servers_shape():
+    """One client address holding its share of connections is refused more (429) as they open,
+    while another address is still served; past the server's limit every new one gets 503; each
+    answer is the server's JSON, never a plain-text 503, and the connection closes."""
+    import socket
+
+    limits = Limits(connections=4, per_client=2)
+    server = UvicornServer(bind("127.0.0.1", 0), small_app(), render=render, limits=limits, lifespan="off")
+    server.start()
+    port = server.sock.getsockname()[1]
+
+    def connect(source: str):
+        s = socket.socket()
+        s.bind((source, 0))
+        s.connect(("127.0.0.1", port))
+        return s
+
+    def post(source: str) -> tuple[int, dict]:
+        with connect(source) as s:
+            s.sendall(b'POST /echo HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n'
+                      b'Connection: close\r\nContent-Length: 2\r\n\r\n{}')
+            return response_json(read_all(s, 10))
+
+    held = []
+    try:
+        held += [connect("127.0.0.2"), connect("127.0.0.2")]  # idle: within the head's deadline
+        status, body = post("127.0.0.2")
+        assert (status, body["code"]) == (429, "too_many_connections") and "holds 2 connections" in body["error"]
+        assert post("127.0.0.1") == (200, {"got": {}})  # another address is served
+        held += [connect("127.0.0.3"), connect("127.0.0.3")]
+        status, body = post("127.0.0.1")
+        assert (status, body["code"]) == (503, "server_busy") and "holds 4 connections" in body["error"]
+    finally:
+        for s in held:
+            s.close()
+        server.stop()

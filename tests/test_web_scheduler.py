@@ -73,6 +73,47 @@ def test_a_full_queue_is_429_and_a_stopping_scheduler_503(lab_checkpoint):
         loop.close()
 
 
+@pytest.mark.hostile
+def test_one_client_may_use_every_place_but_not_keep_another_out(lab_checkpoint):
+    """A fills both slots and the queue alone; B's request then takes the place of A's newest
+    waiting one (answered 429), and the next free slot goes to B, who decodes nothing, before A's
+    earlier waiting job. A cannot push anyone out, nor B once it holds its share."""
+    g = load_generator(lab_checkpoint)
+    scheduler = Scheduler(g.model, max_batch=2, max_queue=2)  # share: 2 places; not started
+    loop = asyncio.new_event_loop()
+    try:
+        def job(client):
+            return Job([1, 2], greedy(2), [], g.tokenizer, loop, client)
+
+        a = [job("A") for _ in range(4)]
+        for j in a:
+            scheduler.submit(j)  # one client alone may use every place
+        scheduler._admit([])
+        assert a[0].seq is not None and a[1].seq is not None and list(scheduler.waiting) == a[2:]
+        assert scheduler.held() == {"A": 4}
+        with pytest.raises(RequestError, match="the server is busy"):
+            scheduler.submit(job("A"))
+        b = job("B")
+        scheduler.submit(b)
+        assert a[3].done and list(scheduler.waiting) == [a[2], b]
+        loop.run_until_complete(asyncio.sleep(0))  # the event is delivered on the loop
+        kind, error = a[3].events.get_nowait()
+        assert kind == "error" and (error.status, error.code) == (429, "queue_full") and "held 4" in error.message
+        b2 = job("B")
+        scheduler.submit(b2)  # A still holds 3, over its share: its last waiting job gives way too
+        assert a[2].done and list(scheduler.waiting) == [b, b2] and scheduler.held() == {"A": 2, "B": 2}
+        with pytest.raises(RequestError, match="the server is busy"):  # B holds its share: no one gives way
+            scheduler.submit(job("B"))
+        scheduler.decoder.leave(a[0].seq)  # a slot frees: B decodes nothing, A one reply
+        a[0].seq = None
+        a.append(job("A"))
+        scheduler.waiting.appendleft(a[-1])  # even an earlier job of A's waits behind B's
+        scheduler._admit([])
+        assert b.seq is not None and a[-1].seq is None and list(scheduler.waiting) == [a[-1], b2]
+    finally:
+        loop.close()
+
+
 def test_a_reply_never_sends_a_stop_string_nor_loses_what_it_held_back(lab_checkpoint):
     tok = load_generator(lab_checkpoint).tokenizer
     ids = tok.encode("the cat sat on a mat", bos=False)

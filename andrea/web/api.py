@@ -16,14 +16,17 @@ the oldest turns are dropped when the whole would not fit the context with room 
 
 Decoding. One thread (`andrea.web.scheduler.Scheduler`) decodes every request together: requests
 wait in a queue of at most `max_queue`, join a free slot of `max_batch` between steps, and leave
-when they end or their client hangs up. Greedy requests (temperature 0) give the tokens of
+when they end or their client hangs up; one client address cannot keep another out (the
+scheduler's sharing rule). Greedy requests (temperature 0) give the tokens of
 `andrea generate --greedy` alone; a seeded request gives the same tokens alone or among others.
 
 Bounds and errors. A body over MAX_BODY bytes (413), JSON that does not parse (also a 5,000-digit
 number or nesting too deep for Python's parser), a field unknown or of the wrong type or range, a
 prompt over the context (400); a missing or wrong API key (401); an unknown model or path (404);
-a full queue (429); a server stopping (503): each is one JSON object {"error": {"message", "type",
-"param", "code"}} and no request prints a traceback. On a loopback address only requests whose
+a full queue (429); a request head slower than `andrea.web.http.HEAD_SECONDS` (408); a
+connection over `connection_limits`, in all (503) or from one client address (429); a server
+stopping (503): each is one JSON object {"error": {"message", "type", "param", "code"}} and no
+request prints a traceback. On a loopback address only requests whose
 Host header names a loopback host are answered (so a web page cannot reach the server through a
 DNS name that points at 127.0.0.1); a POST must say its body is JSON, so a page elsewhere cannot
 send one without the browser asking first (both as for the lab: `andrea.web.http`).
@@ -44,7 +47,7 @@ from pathlib import Path
 from andrea.config import BOS, is_int
 from andrea.errors import AndreaError, longer_than_context
 from andrea.generate import chat_prompt_ids
-from andrea.web.http import Guard, RequestError, UvicornServer, bind, check_text, loopback_hosts, read_body
+from andrea.web.http import Guard, Limits, RequestError, UvicornServer, bind, check_text, loopback_hosts, read_body
 from andrea.web.protocol import (
     CHAT_FIELDS,
     COMPLETION_FIELDS,
@@ -61,6 +64,7 @@ from andrea.web.protocol import (
 from andrea.web.scheduler import Job, Scheduler, log
 
 MAX_BODY = 262_144  # bytes of a request body
+MAX_CONNECTIONS = 1024  # connections open at once (fewer where the process may open fewer files)
 
 
 # ---------------------------------------------------------------- the model served
@@ -159,7 +163,8 @@ async def reply(request, served: Served, scheduler: Scheduler, chat: bool):
         if "prompt" not in body:
             raise RequestError("prompt is required.", param="prompt")
         ids = await run_in_threadpool(served.completion_ids, body["prompt"])
-    job = Job(ids, settings, stops, served.tokenizer, asyncio.get_running_loop())
+    job = Job(ids, settings, stops, served.tokenizer, asyncio.get_running_loop(),
+              request.client.host if request.client else None)
     scheduler.submit(job)
     render = Render(served.id, chat, stream and usage)
     if stream:
@@ -237,6 +242,17 @@ def create_app(served: Served, scheduler: Scheduler, api_key: str | None = None,
 # ---------------------------------------------------------------- serving
 
 
+def connection_limits() -> Limits:
+    """Connections at once: MAX_CONNECTIONS, or fewer where the process may open fewer files; one
+    client address may hold half of them. An idle connection costs little (its head must come
+    within HEAD_SECONDS); many clients behind one address share its half."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    connections = MAX_CONNECTIONS if soft == resource.RLIM_INFINITY else max(16, min(MAX_CONNECTIONS, soft - 64))
+    return Limits(connections, connections // 2)
+
+
 class ServeServer(UvicornServer):
     """`andrea serve`: uvicorn on one socket, the scheduler's thread, and the drain on a signal."""
 
@@ -252,9 +268,8 @@ class ServeServer(UvicornServer):
         self.scheduler.on_drained = self._drained
         self.drain_seconds = drain_seconds
         self.signals = 0
-        limit = 2 * (max_batch + max_queue) + 32  # connections at once; more get uvicorn's 503
-        super().__init__(sock, create_app(served, self.scheduler, api_key, hosts), lifespan="off",
-                         timeout_graceful_shutdown=5, limit_concurrency=limit)
+        super().__init__(sock, create_app(served, self.scheduler, api_key, hosts), render=error_body,
+                         limits=connection_limits(), lifespan="off", timeout_graceful_shutdown=5)
 
     def warm_up(self) -> None:
         """Decode a token greedily and one sampled, so the weight layouts exist before the first request."""

@@ -9,6 +9,7 @@
     is_loopback         whether an address is a loopback one (127.0.0.0/8, ::1, ::ffff:127.x.x.x)
     loopback_hosts      the Host names a server on a loopback address answers; `Guard` refuses the rest
     Guard               the outermost ASGI layer: the Host check, and no exception ever reaching uvicorn
+    Limits              how many connections the server holds at once, and one client address of them
     bind, url_of        a listening socket, and its URL
     UvicornServer       uvicorn on that socket, in the foreground or from a background thread
 
@@ -17,6 +18,12 @@ address listened on, the name given to listen on) is answered, so a web page els
 a server through a DNS name of its own that resolves to a loopback address (DNS rebinding); and a
 POST must declare its body as JSON, so a page elsewhere cannot send one without the browser asking
 first (a CORS preflight, which neither server answers).
+
+No client holds a connection for nothing: a request's head (its line and headers) must arrive
+within HEAD_SECONDS of the connection opening or of the previous reply ending, else the server
+answers 408 in its own shape and closes the connection; its body must arrive within BODY_SECONDS.
+A connection over the server's limit, or over one client address's share of it, is answered in
+the server's shape (503, 429) as it opens and closed, never with uvicorn's plain-text 503.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from andrea.errors import AndreaError
 from andrea.files import parse_json
 
 BODY_SECONDS = 30.0  # a request body must arrive within this
+HEAD_SECONDS = 10.0  # a request's line and headers must arrive within this
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
 
@@ -239,6 +247,25 @@ async def send_json(send, status: int, body: dict, headers: dict | None = None) 
     await send({"type": "http.response.body", "body": raw})
 
 
+class Limits:
+    """At most `connections` open at once, and `per_client` of them from one client address."""
+
+    def __init__(self, connections: int, per_client: int):
+        self.connections, self.per_client = connections, per_client
+
+    def refusal(self, addresses: list, client) -> RequestError | None:
+        """Why a new connection of `client` is refused, given every open one's client address
+        (its own included), or None."""
+        if len(addresses) > self.connections:
+            return RequestError(f"the server holds {len(addresses) - 1} connections, its most; try again shortly.", 503,
+                                code="server_busy")
+        mine = sum(a == client for a in addresses)
+        if client is not None and mine > self.per_client:
+            return RequestError(f"this client address holds {mine - 1} connections, the most one address may; close "
+                                f"some, or try again shortly.", 429, code="too_many_connections")
+        return None
+
+
 class Guard:
     """The outermost ASGI layer of both servers. On loopback (allowed_hosts given) a request whose
     Host header is not one of them gets 400; no exception ever reaches uvicorn (which would print
@@ -310,12 +337,76 @@ def url_of(sock: socket.socket) -> str:
     return f"http://{'[' + host + ']' if ':' in host else host}:{port}/"
 
 
+def timed_protocol(head_seconds: float, render, limits: Limits | None = None):
+    """uvicorn's HTTP/1.1 protocol (h11), with a deadline for each request's head: a connection
+    whose request line and headers have not all arrived `head_seconds` after it opened, or after
+    its previous reply ended, is answered 408 and closed. With `limits`, a connection over them is
+    answered 503 or 429 as it opens. `render` writes the answer's JSON body."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol  # needed only to serve
+
+    class TimedH11Protocol(H11Protocol):
+        _head_timer = None
+        _refused = False
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            client = (self.client or (None,))[0]
+            refused = limits and limits.refusal([(c.client or (None,))[0] for c in self.connections], client)
+            if refused:
+                self._refuse(refused)
+            else:
+                self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            if not self._refused:  # a refused connection's request is read and dropped
+                super().data_received(data)
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm()
+
+        def connection_lost(self, exc) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+            self._head_timer = self.loop.call_later(head_seconds, self._head_late, self.cycle)
+
+        def _head_late(self, cycle) -> None:
+            self._head_timer = None
+            waiting = self.cycle is cycle and (cycle is None or cycle.response_complete)  # no new request began
+            if waiting and not self.transport.is_closing():
+                self._refuse(RequestError(f"the request's line and headers did not arrive within {head_seconds:g} s.",
+                                          408, code="request_timeout"))
+
+        def _refuse(self, error: RequestError) -> None:
+            """Answer in the server's shape, then close: at once for writing, and for reading once the
+            client has had a second to see the answer (a close with its request unread would reset
+            the connection before the answer is read)."""
+            self._refused = True
+            body = json.dumps(render(error), ensure_ascii=False).encode("utf-8")
+            reason = {408: b"Request Timeout", 429: b"Too Many Requests", 503: b"Service Unavailable"}[error.status]
+            self.transport.write(b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
+                                 b"connection: close\r\n\r\n%s" % (error.status, reason, len(body), body))
+            if self.transport.can_write_eof():
+                self.transport.write_eof()
+            self.loop.call_later(1.0, self.transport.close)
+
+    return TimedH11Protocol
+
+
 class UvicornServer:
     """uvicorn serving one ASGI app on one listening socket, in the foreground (`serve_forever`)
-    or from a background thread (`start`, `stop`: tests and scripts). A subclass may override
-    `on_signal` to handle SIGTERM and Ctrl-C itself (return True) instead of uvicorn closing at once."""
+    or from a background thread (`start`, `stop`: tests and scripts). With `render` (the app's
+    error writer) a request's head must arrive within `head_seconds`, and with `limits` too, a
+    connection over them is refused as it opens (`timed_protocol`). A subclass may override `on_signal` to
+    handle SIGTERM and Ctrl-C itself (return True) instead of uvicorn closing at once."""
 
-    def __init__(self, sock: socket.socket, app, **config):
+    def __init__(self, sock: socket.socket, app, render=None, head_seconds: float = HEAD_SECONDS,
+                 limits: Limits | None = None, **config):
         import uvicorn  # a heavy optional dependency, needed only to serve
 
         owner = self
@@ -328,6 +419,8 @@ class UvicornServer:
         self.sock, self.app, self.url = sock, app, url_of(sock)
         self.loopback = is_loopback(sock.getsockname()[0])
         settings = {"log_level": "warning", "access_log": False, "server_header": False, **config}
+        if render is not None:
+            settings["http"] = timed_protocol(head_seconds, render, limits)
         self.server = Server(uvicorn.Config(app, **settings))
         self.thread: threading.Thread | None = None
 

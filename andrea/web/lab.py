@@ -357,4 +357,4 @@ class LabServer(UvicornServer):
         sock = bind(host, port)
         app = create_app(subject, loopback_hosts(sock.getsockname()[0], host))
         self.growth = app.state.growth
-        super().__init__(sock, app, timeout_graceful_shutdown=2)
+        super().__init__(sock, app, render=lambda e: {"error": e.message}, timeout_graceful_shutdown=2)

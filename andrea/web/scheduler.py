@@ -7,6 +7,12 @@ samples one token for every slot and hands each job its text (`Reply`: whole UTF
 stop string ever sent) on its event loop. Greedy requests (temperature 0) give the tokens of
 `andrea generate --greedy` alone; a seeded request gives the same tokens alone or among others.
 
+Sharing: a job carries its client's address. A free slot goes to the waiting job whose client
+decodes the fewest replies (the earliest among equals), and when the queue is full a newcomer
+takes the place of the newest waiting job of a client that holds more than half of the slots and
+queue places together (that job is answered 429): one client alone may use every place, but not
+keep another out.
+
 Stopping: `stop(seconds)` takes no new jobs (503) and ends those still open when the seconds pass
 (a stream with an error event); `on_drained` is called once nothing is left.
 """
@@ -67,8 +73,8 @@ class Reply:
 class Job:
     """One request: its prompt and settings, and the queue on the event loop its events go to."""
 
-    def __init__(self, ids: list[int], settings: dict, stops: list[str], tokenizer, loop):
-        self.ids, self.settings = ids, settings
+    def __init__(self, ids: list[int], settings: dict, stops: list[str], tokenizer, loop, client: str | None = None):
+        self.ids, self.settings, self.client = ids, settings, client
         self.max_tokens = settings["max_tokens"]
         self.reply = Reply(tokenizer, stops)
         self.loop = loop
@@ -118,11 +124,41 @@ class Scheduler:
             if self.stopping or self.closed:
                 raise RequestError("the server is shutting down; it takes no new requests.", 503, code="shutting_down")
             if len(self.waiting) >= self.decoder.free + self.max_queue:
-                raise RequestError(f"the server is busy: {self.max_batch} replies are being decoded and "
-                                   f"{len(self.waiting)} wait, the most it queues; try again shortly.", 429,
-                                   code="queue_full")
+                hog, held = self._over_share(job.client)
+                if hog is None:
+                    raise RequestError(f"the server is busy: {self.max_batch} replies are being decoded and "
+                                       f"{len(self.waiting)} wait, the most it queues; try again shortly.", 429,
+                                       code="queue_full")
+                self.waiting.remove(hog)
+                hog.done = True
+                self._send([(hog, ("error", RequestError(
+                    f"the server is busy, and this client held {held} of its {self.max_batch + self.max_queue} places, "
+                    f"more than its share of {self.share}; another client's request took this one's place.", 429,
+                    code="queue_full")))])
             self.waiting.append(job)
             self.cond.notify()
+
+    @property
+    def share(self) -> int:
+        """The places (slots and queue) one client may hold while another's request waits for one."""
+        return max(1, (self.max_batch + self.max_queue) // 2)
+
+    def held(self) -> collections.Counter:
+        """How many places (decoding or waiting) each client holds."""
+        held = collections.Counter(seq.owner.client for seq in list(self.decoder.active))
+        held.update(job.client for job in self.waiting if not job.cancelled)
+        return held
+
+    def _over_share(self, client) -> tuple[Job | None, int]:
+        """(the newest waiting job of the client holding the most places, what it holds), when that
+        client is another than `client`, holds more than its share, and `client` holds less; else None."""
+        held = self.held()
+        if not held:
+            return None, 0
+        top, n = held.most_common(1)[0]
+        if top == client or n <= self.share or held[client] >= self.share:
+            return None, 0
+        return next((j for j in reversed(self.waiting) if j.client == top and not j.cancelled), None), n
 
     def cancel(self, job: Job) -> None:
         """The client is gone: its slot (or its place in the queue) is freed at the next step."""
@@ -168,9 +204,12 @@ class Scheduler:
     def _admit(self, out: list) -> None:
         while self.waiting and self.decoder.free:
             with self.cond:
-                job = self.waiting.popleft() if self.waiting else None
-            if job is None:
-                return
+                if not self.waiting:
+                    return
+                # the client decoding the fewest replies goes first; among equals, the earliest
+                decoding = collections.Counter(seq.owner.client for seq in self.decoder.active)
+                job = min(self.waiting, key=lambda j: decoding[j.client])
+                self.waiting.remove(job)
             job.seq = None
             if job.cancelled:
                 job.done = True
