@@ -379,7 +379,7 @@ def _short(value) -> str:
 
 
 def _count(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+    return isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**62  # a count no run reaches
 
 
 def _finite(x) -> bool:

@@ -154,6 +154,31 @@ def check_regular(path, what: str = "file") -> Path:
     return path
 
 
+def open_regular(path, mode: str = "rb", what: str = "file"):
+    """path opened in `mode` ("rb" or "a"), once the opened file is known to be a regular one; else
+    an AndreaError. Opened without blocking first, so a FIFO in its place (which blocks an open
+    until the other end opens) is refused instead of waited on; a missing file raises
+    FileNotFoundError as open does (in "a", it is created)."""
+    flags = {"rb": os.O_RDONLY, "a": os.O_WRONLY | os.O_APPEND | os.O_CREAT}[mode]
+    try:
+        fd = os.open(path, flags | os.O_NONBLOCK, 0o666)
+    except OSError as e:
+        if e.errno == errno.ENXIO:  # a FIFO opened for writing with no reader
+            raise AndreaError(f"{what} {path} is a FIFO, not a regular file; andrea reads and writes only regular "
+                              f"files.") from None
+        raise
+    try:
+        st_mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(st_mode):
+            kind = next((name for test, name in _KINDS if test(st_mode)), "not a regular file")
+            raise AndreaError(f"{what} {path} is {kind}, not a regular file; andrea reads and writes only regular files.")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, mode)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def remove_dead_temps(folder) -> list[Path]:
     """Remove the temporary files (NAME.tmp-PID-HEX) in folder whose process is no longer alive,
     as a killed write leaves them; return them. Call it only while holding the folder's lock:

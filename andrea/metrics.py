@@ -16,7 +16,7 @@ from pathlib import Path
 
 from andrea.config import is_int, is_real
 from andrea.errors import AndreaError
-from andrea.files import parse_json, write_error_reason
+from andrea.files import open_regular, parse_json, write_error_reason
 
 
 class Meter:
@@ -49,7 +49,7 @@ def read_metrics(path: Path) -> list[dict]:
     crash, garbage, null) is left out: the file feeds pictures and summaries, never the run."""
     rows = []
     try:
-        with open(path, "rb") as f:
+        with open_regular(path, "rb", "the metrics file") as f:
             for line in f:
                 try:
                     row = parse_json(line, str(path))
@@ -57,7 +57,7 @@ def read_metrics(path: Path) -> list[dict]:
                     continue
                 if isinstance(row, dict):
                     rows.append(row)
-    except OSError:
+    except (OSError, AndreaError):  # none yet, or not a regular file: nothing to draw from
         pass
     return rows
 
@@ -89,7 +89,7 @@ def loss_curves(rows: list[dict]):
 def append_row(path: Path, row: dict) -> None:
     """Add one row to a metrics.jsonl; a failed write stops the run in one sentence."""
     try:
-        with open(path, "a") as f:
+        with open_regular(path, "a", "the metrics file") as f:
             f.write(json.dumps(row) + "\n")
     except OSError as e:
         raise AndreaError(f"could not add to {path} ({write_error_reason(e)}); training stopped.") from None

@@ -85,6 +85,7 @@ class Growth:
                  budget_mb: float = 256.0):
         self.dir = Path(run_dir) / FOLDER
         self.V, self.d, self.rows, self.dtype, self.recipe = vocab_size, d, rows, dtype, recipe
+        self.budget_mb = budget_mb
         fits = budget_mb * 1e6 / self.bytes_per_snapshot()
         self.per_stride = int(min(MAX_EVALS_PER_STRIDE, max(2, fits // 8)))
         self.rows_t = torch.from_numpy(rows)
@@ -94,6 +95,20 @@ class Growth:
         self.previous: dict[str, torch.Tensor] | None = None
         self.seconds = 0.0  # time spent here and in the similarity scores: what this costs a run
         self.log = log
+
+    def keep_rows_of(self, snap, path) -> None:
+        """Go on keeping the rows (and their precision) of the run's own snapshot `snap`: a run resumed
+        with another --snapshot-rows (or another count of tokens) would otherwise mix snapshots of
+        two row sets in one folder."""
+        rows = snap.rows
+        if snap.meta["vocab_size"] != self.V or snap.meta["d"] != self.d or len(rows) == 0:
+            raise AndreaError(f"{path} is a snapshot of another table than this run's")
+        self.log(f"note: this run's snapshots keep {len(rows):,} rows of {self.V:,}, so they go on keeping those "
+                 f"(--snapshot-rows applies to a new run).")
+        self.rows, self.rows_t = rows.numpy(), rows.clone()
+        self.dtype = snap.tables["input"].dtype
+        fits = self.budget_mb * 1e6 / self.bytes_per_snapshot()
+        self.per_stride = int(min(MAX_EVALS_PER_STRIDE, max(2, fits // 8)))
 
     def bytes_per_snapshot(self) -> int:
         per_value = 4 if self.dtype == torch.float32 else 2
@@ -112,7 +127,7 @@ class Growth:
         every = max(1, steps // max(evaluations, 1))
         for e in range(1, evaluations + 1):
             seen += 1
-            if not is_log_step(e * every) and seen % (2 ** (kept // self.per_stride)) == 0:
+            if not is_log_step(e * every) and seen % stride(kept, self.per_stride) == 0:
                 kept += 1
         return kept + 2 + int(math.log2(max(steps, 1)))
 
@@ -134,7 +149,7 @@ class Growth:
             return True
         if not evaluation:
             return False
-        return self.evals_seen % (2 ** (self.evals_kept // self.per_stride)) == 0
+        return self.evals_seen % stride(self.evals_kept, self.per_stride) == 0
 
     # ---- a snapshot
 
@@ -203,9 +218,11 @@ class Growth:
         last, seen_ids, seen_counts = d.get("last_step"), d.get("seen_ids"), d.get("seen_counts")
         if last is not None and (not _count(last) or last > step):
             bad("last_step")
-        for key in ("evals_seen", "evals_kept"):
-            if not _count(d.get(key)):
-                bad(key)
+        # at most one evaluation a step (and one at step 0), and no more kept than seen
+        if not _count(d.get("evals_seen")) or d["evals_seen"] > step + 1:
+            bad("evals_seen")
+        if not _count(d.get("evals_kept")) or d["evals_kept"] > d["evals_seen"]:
+            bad("evals_kept")
         if not isinstance(seen_ids, list) or not isinstance(seen_counts, list) or len(seen_ids) != len(seen_counts):
             bad("seen_ids")
         if not all(_count(i) and i < self.V for i in seen_ids) or not all(_count(c) and c <= step for c in seen_counts):
@@ -218,7 +235,7 @@ class Growth:
             try:
                 snap = read_snapshot(path)
                 if not torch.equal(snap.rows, self.rows_t):
-                    raise AndreaError(f"{path} keeps other rows than this run would")
+                    self.keep_rows_of(snap, path)
                 previous = {name: snap.tables[name] for name in TABLES}
             except (AndreaError, OSError):
                 # a run folder copied without embeddings/, or a damaged file: the training goes on, and
@@ -233,6 +250,12 @@ class Growth:
 
 def _count(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**62
+
+
+def stride(kept: int, per_stride: int) -> int:
+    """Every how many evaluations one is kept once `kept` are: 1, then 2 after per_stride kept, 4
+    after twice that, and so on. Past 2^62 (more evaluations than any run sees) it stays there."""
+    return 1 << min(kept // per_stride, 62)
 
 
 class Snapshot:

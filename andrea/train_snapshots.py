@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from andrea.metrics import append_row
+from andrea import snapshots
 from andrea.snapshots import Growth, choose_rows
 from andrea.trainconfig import TrainConfig
 from andrea.wordsim import brief, model_tables, similarity, try_load_wordsets, word_index
@@ -25,7 +26,7 @@ def make_growth(cfg: TrainConfig, model_cfg, tokenizer, data, out: Path, log, ck
     sets = try_load_wordsets(log)
     index = word_index(tokenizer, V, sets)
     counts = None
-    if V * d > (1 << 20):  # a large table keeps its most frequent rows: count a sample of the tokens
+    if V * d > snapshots.WHOLE_LIMIT:  # a large table keeps its most frequent rows: count a sample of the tokens
         counts = np.zeros(V, dtype=np.int64)
         for src in data.sources.values():
             counts += np.bincount(np.asarray(src.train[: 10_000_000]), minlength=V)[:V]

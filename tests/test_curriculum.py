@@ -199,6 +199,17 @@ def test_state_of_other_sources_is_refused():
         Curriculum(["a", "c"]).load_state_dict(state)
 
 
+@pytest.mark.hostile
+def test_a_reroll_beyond_any_run_is_refused():
+    cur = Curriculum(["a", "b"], seed=0)
+    run(cur, range(10))
+    state = cur.state_dict()
+    for value in (2**70, 2**62, -1, 1.5):
+        with pytest.raises(AndreaError, match="next_reroll"):
+            Curriculum(["a", "b"]).load_state_dict({**state, "next_reroll": value})
+    Curriculum(["a", "b"]).load_state_dict({**state, "next_reroll": 2**40})  # far, but a count: clamped to a reroll
+
+
 def test_bad_updates_are_refused():
     cur = Curriculum(["a", "b"])
     with pytest.raises(AndreaError, match="unknown source"):

@@ -24,3 +24,23 @@ def test_a_damaged_metrics_file_costs_at_most_the_picture(two_source_data, two_s
     assert code in (0, 3), err
     assert "could not draw" not in stdout + err
     assert (out / "loss.png").stat().st_size > 1000
+
+
+@pytest.mark.hostile
+def test_a_fifo_in_place_of_the_metrics_file_is_refused_not_waited_on(tmp_path):
+    """Opening a FIFO blocks until its other end opens: the reader draws nothing from it, and the
+    writer refuses it in one sentence, both at once."""
+    import os
+
+    from andrea.errors import AndreaError
+    from andrea.metrics import append_row, read_metrics
+
+    fifo = tmp_path / "metrics.jsonl"
+    os.mkfifo(fifo)
+    assert read_metrics(fifo) == []
+    with pytest.raises(AndreaError, match=r"metrics.jsonl is a FIFO.*not a regular file"):
+        append_row(fifo, {"step": 1})
+    plain = tmp_path / "plain.jsonl"
+    append_row(plain, {"step": 1})
+    append_row(plain, {"step": 2})
+    assert read_metrics(plain) == [{"step": 1}, {"step": 2}] and read_metrics(tmp_path / "none.jsonl") == []

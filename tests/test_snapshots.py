@@ -129,13 +129,16 @@ def test_the_timeline_reads_the_run_back(data_dir, tmp_path, wordsets, capsys):
     assert "cos cat·dog" in out and "ρ simlex999" in out and len(out.splitlines()) >= 8
 
 
+@pytest.mark.hostile
 def test_a_damaged_growth_state_is_one_sentence(data_dir, tmp_path):
     cfg, o = tiny_config(data_dir), opts(max_steps=4)
     run = tmp_path / "r"
     train(cfg, o, data_dir, run, log=quiet, progress=False)
     ck = load_checkpoint(run / "latest.safetensors")
     ck.meta = {k: v for k, v in ck.meta.items() if not isinstance(v, torch.Tensor)}
-    for damage in ({"last_step": 99}, {"seen_ids": [10**9], "seen_counts": [1]}, {"evals_seen": -1}, "x"):
+    # 2^61 kept evaluations would make the next one compute 2^(2^61 / K): refused, like more than the steps allow
+    for damage in ({"last_step": 99}, {"seen_ids": [10**9], "seen_counts": [1]}, {"evals_seen": -1}, "x",
+                   {"evals_seen": 2**61, "evals_kept": 2**61}, {"evals_seen": 6}, {"evals_seen": 2, "evals_kept": 3}):
         meta = dict(ck.meta)
         meta["growth"] = {**ck.meta["growth"], **damage} if isinstance(damage, dict) else damage
         save_checkpoint(run / "latest.safetensors", cfg, ck.model_state, ck.optim_state, meta)
@@ -246,3 +249,22 @@ def test_snapshots_stop_with_a_note_when_embeddings_is_not_a_folder(data_dir, tm
     lines = []
     result = train(tiny_config(data_dir), opts(max_steps=4, eval_every=4), data_dir, run, log=lines.append, progress=False)
     assert result.step == 4 and any("embedding snapshots stop" in line for line in lines), lines
+
+
+@pytest.mark.hostile
+def test_a_run_resumed_with_other_snapshot_rows_keeps_its_own(data_dir, tmp_path, monkeypatch):
+    """--resume with another --snapshot-rows would write snapshots of two row sets into one folder:
+    the run goes on keeping the rows of its own snapshots, says so, and every snapshot reads back
+    with the same rows."""
+    import andrea.snapshots as snapshots
+
+    monkeypatch.setattr(snapshots, "WHOLE_LIMIT", 16)  # a "large" table: rows are chosen
+    cfg = tiny_config(data_dir)
+    run = tmp_path / "r"
+    train(cfg, opts(max_steps=4, snapshot_rows=5), data_dir, run, log=quiet, progress=False)
+    first = read_snapshot(snapshot_path(run, 4)).rows
+    lines = []
+    train(cfg, opts(max_steps=8, snapshot_rows=40), data_dir, run, resume=True, log=lines.append, progress=False)
+    assert any("go on keeping those" in line for line in lines), lines
+    steps = snapshot_steps(run)
+    assert steps[-1] == 8 and all(torch.equal(read_snapshot(snapshot_path(run, s)).rows, first) for s in steps)
