@@ -285,8 +285,10 @@ class ANDREA(nn.Module):
             raise AndreaError("the sequence is empty; give at least one token.")
         if start + ids.shape[1] > self.config.block_size:
             raise AndreaError(longer_than_context(start + ids.shape[1], self.config.block_size, "sequence"))
-        if ids.device.type != "cpu":
-            return  # a value check would stall the GPU every step; shards and prompts are checked on the CPU
+        if ids.device.type != "cpu" or torch.compiler.is_compiling():
+            # a value check would stall the GPU every step, and break a compiled graph in two;
+            # shards are checked before training and prompts on the CPU
+            return
         lo, hi = int(ids.min()), int(ids.max())
         if lo < 0 or hi >= self.config.vocab_size:
             bad = lo if lo < 0 else hi

@@ -233,7 +233,7 @@ class TrainConfig:
                                  "kept evaluations their spacing doubles, so 1,000 evaluations stay within about it")
     seed: int = setting(1337, seed_int, "seed of weights, data order and curriculum")
     # how it runs
-    compile: bool = setting(False, boolean, "torch.compile the model (GPU)")
+    compile: bool = setting(False, boolean, "torch.compile the model (on a CPU too, where inductor needs a C++ compiler)")
     fsdp: bool = setting(False, boolean, "shard with FSDP under torchrun instead of DDP")
 
     def __post_init__(self):

@@ -98,7 +98,8 @@ def run_one(n: int, seed: int, args, out: Path) -> dict:
     if done.exists():
         say(f"{n:,} segments, seed {seed}: reusing {done}")
         return json.loads(done.read_text())
-    job = MainJob.on("cpu", minutes=args.minutes, seed=seed, segments=n, out=folder, samples=args.samples)
+    job = MainJob.on("cpu", minutes=args.minutes, seed=seed, segments=n, out=folder, samples=args.samples,
+                     compile=args.compile)
     load = load_average()
     summary = run_main_job(job, log=say)
     params = count_params(get_preset(job.preset).replace(vocab_size=n + N_SPECIAL))
@@ -160,6 +161,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", nargs="+", type=int, default=[1337], help="seeds (default 1337, the main job's)")
     ap.add_argument("--minutes", type=float, default=6.0, help="minutes of training each (default 6)")
     ap.add_argument("--samples", type=int, default=1, help="samples each run prints in its summary (default 1)")
+    ap.add_argument("--compile", action="store_true", help="andrea main --compile: torch.compile the model, its "
+                    "compile time counted against the minutes")
     ap.add_argument("--out", type=Path, default=Path("runs/bench-vocab"), help="the runs' folder (default runs/bench-vocab); "
                     "a run that finished there is reused")
     args = ap.parse_args(argv)
@@ -182,7 +185,8 @@ def main(argv=None) -> int:
     first = next(iter(results.values()))[0]
     print("## The main job's vocabulary at equal wall time (`bench_vocab.py`)\n")
     print(machine_line() + "\n")
-    print(f"`andrea main --segments N --minutes {args.minutes:g} --seed S` for each N and S, one after the other "
+    print(f"`andrea main --segments N --minutes {args.minutes:g} --seed S{' --compile' if args.compile else ''}` "
+          f"for each N and S, one after the other "
           f"({(time.time() - t0) / 60:.0f} min in all, this call; runs reused from earlier calls count their own time); "
           f"andrea-cpu's body (d 256, 4 layers, 8 heads), V = N + 257. Validation: bits per byte on every source's "
           f"held-out text, the final evaluation of the best checkpoint (as much text as every source holds in equal "
