@@ -7,6 +7,7 @@ models use act='relu'. Both decode greedily from the same random prompt, with BO
 off so every run makes the same number of tokens; the time of each includes its prefill.
 
     .venv/bin/python benchmarks/bench_decode.py                  # andrea-12m shape, 512 new tokens
+    .venv/bin/python benchmarks/bench_decode.py --preset andrea-cpu --new-tokens 224   # the main job's model
     .venv/bin/python benchmarks/bench_decode.py --no-cache-tokens 128   # shorter no-cache run
 """
 
@@ -137,7 +138,7 @@ def main() -> None:
     print(f"greedy tokens, andrea (cache) vs transformers: {'identical' if agree_peer else f'differ from token {first_diff}'} "
           f"({n} tokens)")
     print(f"greedy tokens, andrea cache vs no cache: {'identical' if agree_nc else 'differ'} ({n_nc} tokens)")
-    print(f"targets: >= 2× transformers: {'met' if tps_cache >= 2 * tps_peer else 'not met'} "
+    print(f"targets: >= 2.5× transformers: {'met' if tps_cache >= 2.5 * tps_peer else 'not met'} "
           f"({tps_cache / tps_peer:.2f}×); >= 5× no cache: {'met' if tps_cache >= 5 * tps_nc else 'not met'} "
           f"({tps_cache / tps_nc:.2f}×)")
 

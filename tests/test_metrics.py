@@ -44,3 +44,22 @@ def test_a_fifo_in_place_of_the_metrics_file_is_refused_not_waited_on(tmp_path):
     append_row(plain, {"step": 1})
     append_row(plain, {"step": 2})
     assert read_metrics(plain) == [{"step": 1}, {"step": 2}] and read_metrics(tmp_path / "none.jsonl") == []
+
+
+@pytest.mark.hostile
+def test_a_resumed_run_with_fifos_for_its_records_ends_in_one_sentence_not_a_hang(two_source_data, two_source_model_json,
+                                                                                  audited_run, tmp_path, capsys):
+    """A FIFO in place of train.json is replaced whole (the settings are written by a rename); one in
+    place of metrics.jsonl stops the resumed run in one sentence naming it, its checkpoint kept."""
+    import os
+
+    from helpers import one_sentence
+
+    out = damaged_copy(audited_run, tmp_path / "r", lambda m: None)
+    (out / "metrics.jsonl").unlink()
+    os.mkfifo(out / "metrics.jsonl")
+    os.mkfifo(out / "train.json")
+    before = (out / "latest.safetensors").read_bytes()
+    code, _, err = cli(capsys, *audited_train_args(two_source_data, two_source_model_json, out, "--resume", steps=6))
+    assert "metrics.jsonl is a FIFO" in one_sentence(code, err)
+    assert (out / "train.json").is_file() and (out / "latest.safetensors").read_bytes() == before

@@ -58,6 +58,25 @@ def test_resume_is_exact(data_dir, tmp_path):
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+@pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
+                    reason="torch.compile on a CPU generates C++: no C++ compiler here (apt-get install g++)")
+def test_a_compiled_run_learns_what_an_eager_one_does_and_resumes_exactly(data_dir, tmp_path):
+    """`andrea train --compile` (and `andrea main --compile`) on the CPU: the same losses as the
+    eager path to float rounding, and a compiled run stopped and resumed is the uninterrupted one."""
+    cfg = tiny_config(data_dir)
+    train(cfg, opts(max_steps=6), data_dir, tmp_path / "eager", log=quiet, progress=False)
+    train(cfg, opts(max_steps=6, compile=True), data_dir, tmp_path / "c", log=quiet, progress=False)
+    eager, compiled = step_losses(tmp_path / "eager"), step_losses(tmp_path / "c")
+    assert sorted(eager) == sorted(compiled) == list(range(1, 7))
+    assert all(abs(eager[k] - compiled[k]) <= 1e-3 * abs(eager[k]) for k in eager), (eager, compiled)
+    result = train(cfg, opts(max_steps=6, compile=True), data_dir, tmp_path / "r", log=quiet, progress=False,
+                   on_step=lambda step, loss: step == 3)
+    assert result.stopped == "signal"
+    train(cfg, opts(max_steps=6, compile=True), data_dir, tmp_path / "r", resume=True, log=quiet, progress=False)
+    resumed = step_losses(tmp_path / "r")
+    assert all(abs(resumed[k] - compiled[k]) <= 1e-6 for k in compiled), (compiled, resumed)
+
+
 def test_resume_is_exact_with_curriculum(data_dir, tmp_path):
     cfg = tiny_config(data_dir)
     o = dict(max_steps=10, sampling="ucb", curriculum={"reroll": (2, 4)})
