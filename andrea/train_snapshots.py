@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from andrea.metrics import append_row
 from andrea import snapshots
+from andrea.metrics import append_row
 from andrea.snapshots import Growth, choose_rows
 from andrea.trainconfig import TrainConfig
 from andrea.wordsim import brief, model_tables, similarity, try_load_wordsets, word_index
