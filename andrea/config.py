@@ -184,13 +184,18 @@ def model_bytes(cfg: ModelConfig) -> int:
 
 def training_bytes(cfg: ModelConfig, micro_batch: int, seq_len: int, loss_rows: int | None = None) -> int:
     """A lower bound on the bytes one training process holds: the model, its gradients and two
-    Adam moments; per micro-batch the windows (int64) and, per token and layer, at least ten
-    d-wide activations kept for the backward pass; the logits (`loss_rows` rows of them at a time,
-    default all) and their gradient."""
+    Adam moments; per micro-batch the windows (int64) and, per token and layer, the sixteen d-wide
+    activations a block keeps for the backward pass (its input, the first norm's output, q, k
+    and v, attention's output, the residual sum, the second norm's output, and the MLP's two
+    4d-wide ones); and the loss's logits: whole, they and their log-softmax (2 × tokens × V);
+    in blocks of `loss_rows` rows, one block and the gradient of the final norm's output."""
     tokens = micro_batch * seq_len
-    rows = tokens if loss_rows is None else min(tokens, loss_rows)
+    if loss_rows is None or loss_rows >= tokens:
+        logits = 2 * tokens * cfg.vocab_size
+    else:
+        logits = loss_rows * cfg.vocab_size + tokens * cfg.n_embd
     return (model_bytes(cfg) + 3 * FLOAT_BYTES * count_params(cfg) + 16 * micro_batch * (seq_len + 1)
-            + FLOAT_BYTES * 10 * tokens * cfg.n_layer * cfg.n_embd + 2 * FLOAT_BYTES * rows * cfg.vocab_size)
+            + FLOAT_BYTES * 16 * tokens * cfg.n_layer * cfg.n_embd + FLOAT_BYTES * logits)
 
 
 def available_memory() -> int | None:

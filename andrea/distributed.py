@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from andrea.config import ModelConfig, check_memory, training_bytes
 from andrea.errors import AndreaError
-from andrea.model import LOSS_CHUNK, meta_model
+from andrea.model import CPU_LOSS_CHUNK, LOSS_CHUNK, meta_model
 from andrea.optim import param_groups, param_names_in_order
 
 
@@ -108,20 +108,30 @@ def check_training_memory(model_cfg: ModelConfig, cfg, micro: int, device: torch
     """Refuse, before anything is built, a run whose model and micro-batch cannot fit: counted by
     arithmetic (`andrea.config.training_bytes`), against the GPU's free memory or the machine's."""
     cuda = device.type == "cuda"
-    need = training_bytes(model_cfg, micro, cfg.seq_len, LOSS_CHUNK if cuda else None)
+    need = training_bytes(model_cfg, micro, cfg.seq_len, LOSS_CHUNK if cuda else CPU_LOSS_CHUNK)
     have = torch.cuda.mem_get_info(device)[0] if cuda else None
     check_memory(need, f"training this model on micro-batches of {micro:,} × {cfg.seq_len:,} tokens", "lower "
                  "--batch-size, or give --micro-batch so that gradients accumulate over smaller batches, or choose a "
                  "smaller model", have=have, where="the GPU" if cuda else "this machine")
 
 
-def wrap_model(model, device: torch.device, world: int, fsdp: bool):
-    """The model as the training step uses it: itself on one process, else under DDP or sharded by
-    FSDP2 (each block, then the rest); on CUDA, TF32 matmuls and a head padded to 64 rows."""
+def tune_for_training(model, device: torch.device) -> None:
+    """What the training step sets on the model for its device. On CUDA: TF32 matmuls and the
+    head's matmul padded to 64 rows (tensor cores' tiles). On a CPU: padded to 16 rows, so that
+    every row of the logits starts on a 64-byte line (6,401 floats a row leave all but the first
+    off it, and the head's three matmuls run well below the machine's rate; `bench_train.py`)."""
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
         model.vocab_multiple = 64
+    elif device.type == "cpu":
+        model.vocab_multiple = 16
+
+
+def wrap_model(model, device: torch.device, world: int, fsdp: bool):
+    """The model as the training step uses it (`tune_for_training`): itself on one process, else
+    under DDP or sharded by FSDP2 (each block, then the rest)."""
+    tune_for_training(model, device)
     if world == 1:
         return model
     if fsdp:

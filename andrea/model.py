@@ -145,7 +145,8 @@ class ReLUSquared(torch.autograd.Function):
         return grad.mul(r).mul_(2)
 
 
-LOSS_CHUNK = 4096  # rows of logits per block of chunked_cross_entropy: 4,096 × 8,512 fp32 logits are 133 MiB
+LOSS_CHUNK = 4096  # rows of logits per block of chunked_cross_entropy on CUDA: 4,096 × 8,512 fp32 logits are 133 MiB
+CPU_LOSS_CHUNK = 1024  # and on a CPU, where a smaller block stays nearer the cores: 1,024 × 6,401 fp32 logits are 25 MiB
 
 
 class ChunkedCrossEntropy(torch.autograd.Function):
@@ -155,7 +156,9 @@ class ChunkedCrossEntropy(torch.autograd.Function):
     and at once the gradient of the mean loss with respect to those logits, (softmax − onehot)/N,
     multiplied into the gradients of the block's h and of the weight (summed over blocks in
     fp32). Backward only scales those by the incoming gradient. One block's logits exist at a
-    time, so the batch's logits (and their fp32 copy, and its log-softmax) are never made; the
+    time, in one buffer every block reuses and every step works in place (max, subtract, exp,
+    normalise), so the batch's logits (and their fp32 copy, and its log-softmax) are never made
+    and no block allocates: on a CPU a fresh 25 MiB array costs its page faults each time. The
     FLOPs are the plain path's, the backward's two matmuls moved into the forward.
     """
 
@@ -170,20 +173,35 @@ class ChunkedCrossEntropy(torch.autograd.Function):
             total = torch.zeros((), dtype=torch.float32, device=h.device)
             grad_h = torch.empty_like(h) if want_grad else None
             grad_w = torch.zeros(w.shape, dtype=torch.float32, device=h.device) if want_grad else None
+            in_place = dtype == torch.float32  # the logits' buffer is the fp32 one; else an fp32 copy per block
+            buffer = torch.empty((min(chunk, N), w.shape[0]), dtype=dtype, device=h.device)
             for i in range(0, N, chunk):
                 x = h[i : i + chunk].to(dtype)
-                t = targets[i : i + chunk]
-                logits = (x @ w.t())[:, :V].float()
-                lse = torch.logsumexp(logits, dim=1)
-                total += (lse - logits.gather(1, t[:, None]).squeeze(1)).sum()
+                t = targets[i : i + chunk, None]
+                raw = torch.mm(x, w.t(), out=buffer[: x.shape[0]])  # padded columns are 0: zero rows of w
+                z = raw[:, :V] if in_place else raw[:, :V].float()
+                z.sub_(z.amax(1, keepdim=True))  # shifted: the log-sum-exp is then log(sum(exp(z)))
+                total -= z.gather(1, t).sum()
+                z.exp_()
+                sums = z.sum(1, keepdim=True)
+                total += sums.log().sum()
                 if want_grad:
-                    g = logits.sub_(lse[:, None]).exp_()  # softmax, in the logits' memory
-                    g.scatter_add_(1, t[:, None], torch.full_like(lse[:, None], -1.0))
-                    g = g.div_(N).to(dtype)
-                    if w.shape[0] > V:
-                        g = F.pad(g, (0, w.shape[0] - V))
-                    grad_h[i : i + chunk] = g @ w
-                    grad_w += g.t() @ x
+                    z.div_(sums)  # the softmax
+                    z.scatter_add_(1, t, torch.full(t.shape, -1.0, dtype=z.dtype, device=z.device))
+                    z.div_(N)
+                    if in_place:
+                        g = raw  # the padded columns stay 0
+                        if grad_h.dtype == dtype:
+                            torch.mm(g, w, out=grad_h[i : i + chunk])
+                        else:
+                            grad_h[i : i + chunk] = g @ w
+                        grad_w.addmm_(g.t(), x)
+                    else:
+                        g = z.to(dtype)
+                        if w.shape[0] > V:
+                            g = F.pad(g, (0, w.shape[0] - V))
+                        grad_h[i : i + chunk] = g @ w
+                        grad_w += g.t() @ x
         if want_grad:
             ctx.save_for_backward(grad_h, grad_w[:V].to(weight.dtype))
         return total / N
@@ -258,7 +276,7 @@ class ANDREA(nn.Module):
         # unpadded (the trainer sets this on GPUs; 1 means no padding).
         self.vocab_multiple = 1
         # Rows of logits per block when the training loss is computed in blocks (chunked_cross_entropy):
-        # None computes it in blocks of LOSS_CHUNK rows on CUDA and whole elsewhere; 0 always whole.
+        # None computes it in blocks of LOSS_CHUNK rows on CUDA and CPU_LOSS_CHUNK elsewhere; 0 whole.
         self.loss_chunk: int | None = None
         self.reset_parameters()
 
@@ -310,7 +328,7 @@ class ANDREA(nn.Module):
                 linear=None):
         """Logits (B, T, V) and, with targets, the mean cross-entropy over all positions.
 
-        With targets and the loss computed in chunks (`loss_chunk`; on CUDA by default) the
+        With targets and the loss computed in chunks (`loss_chunk`; the default) the
         logits are never made whole, and None is returned in their place. With a cache, ids
         continue the cached sequence at position cache.length. `linear(x, key, weight)` replaces
         the plain `x @ weightᵀ` of every matrix (a decode plan's weight layouts, andrea.decode_plan):
@@ -328,7 +346,7 @@ class ANDREA(nn.Module):
         if cache is not None:
             cache.length += ids.shape[1]
         if targets is not None:
-            chunk = self.loss_chunk if self.loss_chunk is not None else LOSS_CHUNK if h.is_cuda else 0
+            chunk = self.loss_chunk if self.loss_chunk is not None else LOSS_CHUNK if h.is_cuda else CPU_LOSS_CHUNK
             if chunk > 0:
                 return None, chunked_cross_entropy(h, self.lm_head.weight, targets, chunk, self.vocab_multiple)
         logits = self.head(h) if linear is None else linear(h, "lm_head", self.lm_head.weight)

@@ -1,6 +1,8 @@
 """Training-step throughput of ANDREA against transformers' GPT2LMHeadModel of the same shape.
 
 One step = forward, mean cross-entropy, backward, AdamW step; fp32 on the CPU with every core.
+andrea runs as `andrea train` sets it up (`andrea.distributed.tune_for_training`: the head's matmul
+padded to 16 rows; the loss in blocks of rows, `andrea.model.ChunkedCrossEntropy`).
 The peer has the same width, depth, heads, context and vocabulary, an untied head, the same
 activation (relu2 where ANDREA uses it), no dropout and SDPA attention; it differs in having
 biases on its linear layers (ANDREA's have none). Both compute the loss with the same
@@ -38,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from common import cpu_name  # noqa: E402  (benchmarks/common.py, beside this script)
 
 from andrea.config import PRESETS, count_params  # noqa: E402
+from andrea.distributed import tune_for_training  # noqa: E402
 from andrea.model import ANDREA  # noqa: E402
 
 PEER_ACTIVATION = {"relu2": "relu2", "relu": "relu", "gelu": "gelu"}
@@ -119,6 +122,7 @@ def main() -> None:
     torch.manual_seed(0)
 
     ours = ANDREA(cfg)
+    tune_for_training(ours, torch.device("cpu"))  # as `andrea train` sets it: the head padded to 16 rows
     peer = build_peer(cfg)
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, cfg.vocab_size, (args.batch, args.seq), generator=g)
@@ -134,6 +138,7 @@ def main() -> None:
     if args.compile:
         compiled = ANDREA(cfg)
         compiled.load_state_dict(ours.state_dict())
+        tune_for_training(compiled, torch.device("cpu"))
         forward = torch.compile(compiled)
         steps[COMPILED] = make_step(compiled, lambda x, y: forward(x, targets=y)[1], x, y)
         n_params[COMPILED] = compiled.num_params()

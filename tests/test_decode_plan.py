@@ -271,8 +271,8 @@ def test_the_model_loss_in_chunks_equals_the_whole_one():
     torch.testing.assert_close(closs, loss, rtol=1e-6, atol=1e-6)
     for a, b in zip(g0, g1):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
-    model.loss_chunk = None  # the default: whole on a CPU
-    assert model(ids[:, :-1], ids[:, 1:])[0] is not None
+    model.loss_chunk = None  # the default: in blocks on a CPU too
+    assert model(ids[:, :-1], ids[:, 1:])[0] is None
 
 
 # ---------------------------------------------------------------- on a CUDA device

@@ -402,22 +402,29 @@ def test_two_processes_match_one(data_dir, tmp_path, mode, recipe):
     assert ckpt.step == 6 and set(ckpt.model_state) == set(load_checkpoint(tmp_path / "one" / "latest.safetensors").model_state)
 
 
-def test_vocabulary_padding_changes_nothing_but_the_matmul_shape():
-    """The GPU path pads the head's matmul to a multiple of 64; logits, loss, gradients and the
-    parameters are those of the unpadded model."""
+@pytest.mark.parametrize("multiple,chunk", [(64, 0), (16, 0), (16, 7), (64, 5)])
+def test_vocabulary_padding_changes_nothing_but_the_matmul_shape(multiple, chunk):
+    """Training pads the head's matmul to a multiple of 64 on a GPU and of 16 on a CPU, with the
+    loss whole or in blocks of rows; logits, loss, gradients and the parameters are those of the
+    unpadded model with the whole loss."""
     from andrea.model import ANDREA
 
     cfg = ModelConfig(vocab_size=300, n_embd=32, n_head=2, n_layer=1, block_size=16)
     torch.manual_seed(0)
     plain = ANDREA(cfg)
+    plain.loss_chunk = 0
     padded = ANDREA(cfg)
     padded.load_state_dict(plain.state_dict())
-    padded.vocab_multiple = 64
+    padded.vocab_multiple, padded.loss_chunk = multiple, chunk
     ids = torch.randint(0, 300, (2, 16))
     lp, loss_p = plain(ids, ids)
     lq, loss_q = padded(ids, ids)
+    if chunk:
+        assert lq is None
+        lq = padded(ids)[0]
     assert lq.shape == (2, 16, 300)
     torch.testing.assert_close(lq, lp, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(loss_q, loss_p, atol=1e-6, rtol=1e-6)
     loss_p.backward(), loss_q.backward()
     torch.testing.assert_close(padded.lm_head.weight.grad, plain.lm_head.weight.grad, atol=1e-6, rtol=1e-6)
     assert padded.lm_head.weight.shape == (300, 32) and set(padded.state_dict()) == set(plain.state_dict())
