@@ -234,7 +234,9 @@ class MLP(nn.Module):
     def forward(self, x, layer: int = 0, linear=None):
         h = self.fc1(x) if linear is None else linear(x, ("fc1", layer), self.fc1.weight)
         if self.act == "relu2":
-            h = ReLUSquared.apply(h)
+            # without gradients (decoding) the plain ops: an autograd.Function's call costs more
+            # than the op itself on one token
+            h = ReLUSquared.apply(h) if torch.is_grad_enabled() else F.relu(h).square_()
         elif self.act == "relu":
             h = F.relu(h)
         else:
