@@ -114,7 +114,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=6, help="sequences per step (default 6)")
     parser.add_argument("--seq", type=int, default=256, help="tokens per sequence (default 256)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per model")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds; the order of the two models alternates")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds; the models run in one order, then in reverse, by turns")
     parser.add_argument("--steps", type=int, default=2, help="timed steps per model per round")
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads (default all cores)")
     parser.add_argument("--compile", action="store_true", help="also time andrea under torch.compile (compile time apart)")
