@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -242,13 +245,41 @@ def test_a_damaged_later_snapshot_is_left_out_with_a_note(data_dir, tmp_path, da
     assert pair_series(tl, [("cat", "dog")])["steps"] == steps[:-1]
 
 
-def test_snapshots_stop_with_a_note_when_embeddings_is_not_a_folder(data_dir, tmp_path):
+@pytest.mark.parametrize("kind", ["file", "fifo", "link"])
+def test_snapshots_stop_with_a_note_when_embeddings_is_not_a_folder(data_dir, tmp_path, kind):
+    """Snapshots are an observer: a file, a FIFO (never opened, so nothing hangs) or a link to a
+    folder elsewhere in place of embeddings/ ends them with a note, and training goes on."""
     run = tmp_path / "r"
     run.mkdir()
-    (run / "embeddings").write_text("a file where the folder would be")
+    where = run / "embeddings"
+    if kind == "file":
+        where.write_text("a file where the folder would be")
+    elif kind == "fifo":
+        os.mkfifo(where)
+    else:
+        (tmp_path / "elsewhere").mkdir()
+        where.symlink_to(tmp_path / "elsewhere")
     lines = []
     result = train(tiny_config(data_dir), opts(max_steps=4, eval_every=4), data_dir, run, log=lines.append, progress=False)
     assert result.step == 4 and any("embedding snapshots stop" in line for line in lines), lines
+    assert not any((tmp_path / "elsewhere").iterdir()) if kind == "link" else not where.is_dir()
+
+
+def test_the_first_snapshot_removes_a_killed_writes_temporary_file(data_dir, tmp_path):
+    """A snapshot write cut short by a kill leaves NAME.tmp-PID-HEX in embeddings/: the run's first
+    snapshot removes it when its process is gone, and keeps a live process's."""
+    run = tmp_path / "r"
+    (run / "embeddings").mkdir(parents=True)
+    dead = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    dead.kill()
+    dead.wait()
+    stale = run / "embeddings" / f"step-00000004.safetensors.tmp-{dead.pid}-0123abcd"
+    stale.write_bytes(b"half a snapshot")
+    live = run / "embeddings" / f"step-00000008.safetensors.tmp-{os.getpid()}-89abcdef"
+    live.write_bytes(b"being written")
+    train(tiny_config(data_dir), opts(max_steps=2), data_dir, run, log=quiet, progress=False)
+    assert not stale.exists() and live.exists()
+    assert snapshot_steps(run)[0] == 0
 
 
 @pytest.mark.hostile
