@@ -139,6 +139,11 @@ BAD = [
     ("/api/generate", {"prompt": "the", "top_p": 0}, "top_p must be a number in (0, 1]"),
     ("/api/generate", {"prompt": "the", "max_new_tokens": 100_000}, "max_new_tokens must be an integer from 1 to 500"),
     ("/api/generate", {"prompt": "the", "top_k": 0}, "top_k must be an integer"),
+    # a lone surrogate is valid JSON but not valid Unicode
+    ("/api/token", {"word": "\ud800"}, "not valid Unicode"),
+    ("/api/compare", {"a": "cat", "b": "\ud800"}, "not valid Unicode"),
+    ("/api/map", {"words": ["cat", "dog\ud800"]}, "not valid Unicode"),
+    ("/api/generate", {"prompt": "the \ud800"}, "not valid Unicode"),
 ]
 
 

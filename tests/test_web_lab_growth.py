@@ -217,6 +217,18 @@ def test_bad_values_get_one_json_sentence(client, capfd, path, body, message):
     assert "Traceback" not in out + err
 
 
+@pytest.mark.parametrize("path,body", [
+    ("/api/growth/neighbours", {"word": "\ud800"}),
+    ("/api/growth/pairs", {"pairs": [["cat", "\udfff"]]}),
+    ("/api/growth/map", {"words": ["cat", "dog", "pet\ud800"]}),
+])
+def test_a_lone_surrogate_is_a_400_not_a_500(client, capfd, path, body):
+    r = client.post(path, content=json.dumps(body), headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "not valid Unicode" in r.json()["error"]
+    out, err = capfd.readouterr()
+    assert "Traceback" not in out + err
+
+
 def test_null_steps_read_as_their_defaults(client):
     r = client.post("/api/growth/updates", json={"start": None, "end": None})
     assert r.status_code == 200 and r.json() == client.post("/api/growth/updates", json={}).json()

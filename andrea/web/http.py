@@ -144,7 +144,7 @@ class Fields:
             raise RequestError(f"{name} must be a list of non-empty strings of at most {chars} characters.", param=name)
         if not lo <= len(v) <= hi:
             raise RequestError(f"{what} takes {lo} to {hi} words, got {len(v)}.", param=name)
-        return v
+        return [check_text(w, name) for w in v]
 
 
 # ---------------------------------------------------------------- reading a request's body
