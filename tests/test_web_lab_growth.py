@@ -205,26 +205,18 @@ BAD = [
     ("/api/growth/updates", {"start": 8, "end": 4}, "the interval must start before it ends"),
     ("/api/growth/updates", {"start": 0, "end": 10**12}, "end must be an integer from 0 to 16"),
     ("/api/growth/updates", {"start": "0"}, "start must be an integer"),
+    # a lone surrogate is valid JSON but not valid Unicode
+    ("/api/growth/neighbours", {"word": "\ud800"}, "not valid Unicode"),
+    ("/api/growth/pairs", {"pairs": [["cat", "\udfff"]]}, "not valid Unicode"),
+    ("/api/growth/map", {"words": ["cat", "dog", "pet\ud800"]}, "not valid Unicode"),
 ]
 
 
 @pytest.mark.parametrize("path,body,message", BAD, ids=[f"{p}:{m}" for p, _, m in BAD])
 def test_bad_values_get_one_json_sentence(client, capfd, path, body, message):
-    r = client.post(path, json=body)
+    r = client.post(path, content=json.dumps(body), headers={"content-type": "application/json"})
     assert r.status_code == 400 and set(r.json()) == {"error"}
     assert message in r.json()["error"]
-    out, err = capfd.readouterr()
-    assert "Traceback" not in out + err
-
-
-@pytest.mark.parametrize("path,body", [
-    ("/api/growth/neighbours", {"word": "\ud800"}),
-    ("/api/growth/pairs", {"pairs": [["cat", "\udfff"]]}),
-    ("/api/growth/map", {"words": ["cat", "dog", "pet\ud800"]}),
-])
-def test_a_lone_surrogate_is_a_400_not_a_500(client, capfd, path, body):
-    r = client.post(path, content=json.dumps(body), headers={"content-type": "application/json"})
-    assert r.status_code == 400 and "not valid Unicode" in r.json()["error"]
     out, err = capfd.readouterr()
     assert "Traceback" not in out + err
 
