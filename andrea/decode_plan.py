@@ -9,8 +9,12 @@ one), runs the prompt through `prefill` and every new token through `step`.
 Modes:
 
 - "dynamic": a step attends over the filled part of the cache only, so its key length grows by
-  one a token. The least arithmetic, and on a CPU nothing is gained by fixed shapes: the CPU
-  default.
+  one a token: the model's own forward pass with the cache, module by module.
+- "direct": "dynamic"'s arithmetic for one token, run by `DirectStep` straight on the plan's
+  weights and the cache's per-layer views, without the module tree: no module calls and a third
+  fewer torch calls a token; each operation is the model's, in the model's order. At the main
+  job's shape a token is small enough that those calls are a large part of its time on a CPU:
+  the CPU default (for every position scheme, norm and activation; not for a sharded model).
 - "static": every one-token step runs `ANDREA.step`: the token and its position sit in small
   device buffers, keys and values are written at that position, and attention covers the whole
   preallocated cache with a length mask. Every step has the same shapes and reads nothing back
@@ -35,15 +39,18 @@ are, except that q, k and v are stacked into one matrix once per generation inst
 
 from __future__ import annotations
 
+import functools
+import weakref
 from contextlib import nullcontext
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 from andrea.errors import AndreaError
-from andrea.model import KVCache
+from andrea.model import KVCache, activate
 
-MODES = ("auto", "dynamic", "static", "graph")
+MODES = ("auto", "dynamic", "direct", "static", "graph")
 ALIGN = 64  # fixed-shape caches are a multiple of this many positions
 
 
@@ -55,7 +62,9 @@ class CPULayouts:
         self.parts = threads or torch.get_num_threads()
         self.weights: dict = {}  # key -> (layout, out features, the weight in that layout)
 
-    def __call__(self, x: torch.Tensor, key, weight) -> torch.Tensor:
+    def entry(self, key, weight) -> tuple[str, int, torch.Tensor]:
+        """(layout, out features, the weight in that layout) for the matrix `key`; `weight` is
+        the tensor, or a function that makes it, used the first time."""
         if key not in self.weights:
             w = (weight() if callable(weight) else weight).detach()
             out = w.shape[0]
@@ -69,12 +78,87 @@ class CPULayouts:
                 self.weights[key] = ("in-out", out, w.t().contiguous())
             else:
                 self.weights[key] = ("out-in", out, w)
-        layout, out, w = self.weights[key]
+        return self.weights[key]
+
+    def __call__(self, x: torch.Tensor, key, weight) -> torch.Tensor:
+        layout, out, w = self.entry(key, weight)
         if layout == "split":
             rows = x.reshape(-1, x.shape[-1])
             y = torch.bmm(rows.expand(w.shape[0], *rows.shape), w)  # (parts, rows, out/parts)
             return y.permute(1, 0, 2).reshape(*x.shape[:-1], -1)[..., :out]
         return x @ w if layout == "in-out" else F.linear(x, w)
+
+
+def row_times(x: torch.Tensor, entry) -> torch.Tensor:
+    """One row x (1, in) times a `CPULayouts.entry`: (1, out), as F.linear(x, weight) gives it."""
+    layout, out, w = entry
+    if layout == "split":  # a single row: the blocks' outputs side by side are the output's columns
+        y = torch.bmm(x.expand(w.shape[0], 1, x.shape[1]), w).view(1, -1)
+        return y if y.shape[1] == out else y[:, :out]
+    return x @ w if layout == "in-out" else F.linear(x, w)
+
+
+_KEPT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (what its layouts were made from, layouts)
+
+
+def kept_layouts(model) -> CPULayouts:
+    """The model's `CPULayouts`, kept from one plan to the next while its parameters and torch's
+    thread count stay as they were: a chat or a server makes a plan for every reply, and copying
+    every matrix again cost 13-20 ms at the main job's shape. A parameter changed in place
+    (an optimizer step, `load_state_dict`) has a new version, one replaced a new address; an
+    inference tensor, which keeps no version, is laid out afresh by every plan."""
+    try:
+        made_from = (torch.get_num_threads(), tuple((p.data_ptr(), p._version) for p in model.parameters()))
+    except RuntimeError:  # inference tensors have no version counter
+        return CPULayouts()
+    kept = _KEPT.get(model)
+    if kept is None or kept[0] != made_from:
+        kept = _KEPT[model] = (made_from, CPULayouts(made_from[0]))
+    return kept[1]
+
+
+def norm_function(norm: nn.Module):
+    """The function a LayerNorm or RMSNorm module computes, with its parameters bound."""
+    if isinstance(norm, nn.LayerNorm):
+        return functools.partial(F.layer_norm, normalized_shape=norm.normalized_shape, weight=norm.weight,
+                                 bias=norm.bias, eps=norm.eps)
+    return functools.partial(F.rms_norm, normalized_shape=norm.normalized_shape, weight=norm.weight, eps=norm.eps)
+
+
+class DirectStep:
+    """The next token's logits at batch 1, as `ANDREA.forward` with a cache computes them, run
+    without the module tree: `x = embed(id, n)`, then per block `x += attn(norm_1(x))` over keys
+    and values 0 .. n, `x += mlp(norm_2(x))`, and `head(norm_f(x))`. Every matrix is one of the
+    plan's `CPULayouts`, each block's norms, matrices and cache views are gathered once, and the
+    embedding, rotary positions and activation are the model's own functions."""
+
+    def __init__(self, model, cache: KVCache, layouts: CPULayouts):
+        cfg = model.config
+        self.model, self.rope, self.act = model, model.rope, cfg.act
+        self.d, self.heads, self.head_dim = cfg.n_embd, cfg.n_head, cfg.head_dim
+        self.blocks = [(norm_function(b.ln_1), layouts.entry(("qkv", i), b.attn.qkv_weight), cache.k[i],
+                        cache.v[i], layouts.entry(("wo", i), b.attn.wo.weight), norm_function(b.ln_2),
+                        layouts.entry(("fc1", i), b.mlp.fc1.weight), layouts.entry(("fc2", i), b.mlp.fc2.weight))
+                       for i, b in enumerate(model.h)]
+        self.norm_f = norm_function(model.ln_f)
+        self.head = layouts.entry("lm_head", model.lm_head.weight)
+
+    def __call__(self, token: int, n: int) -> torch.Tensor:
+        """The (V,) logits after `token` at position n, its keys and values written at n (the
+        caller checks both)."""
+        d, rope = self.d, self.rope
+        x = self.model.embed(torch.tensor([[token]]), n).view(1, d)
+        for norm_1, qkv, keys, values, wo, norm_2, fc1, fc2 in self.blocks:
+            # each (1, heads, 1, head_dim): four dimensions, or SDPA takes its slow path on a CPU
+            q, k, v = row_times(norm_1(x), qkv).view(3, 1, self.heads, 1, self.head_dim)
+            if rope is not None:
+                q, k = rope(q, n), rope(k, n)
+            keys[:, :, n] = k[:, :, 0]
+            values[:, :, n] = v[:, :, 0]
+            y = F.scaled_dot_product_attention(q, keys[:, :, : n + 1], values[:, :, : n + 1])
+            x = x + row_times(y.view(1, d), wo)  # the heads side by side, as the model's transpose + reshape
+            x = x + row_times(activate(row_times(norm_2(x), fc1), self.act), fc2)
+        return row_times(self.norm_f(x), self.head)[0]
 
 
 class StackedQKV:
@@ -132,15 +216,20 @@ class DecodePlan:
             raise AndreaError(f"decode mode must be one of {', '.join(MODES)}, got {mode!r}.")
         weight = model.wte.weight
         self.model, self.device = model, weight.device
+        cpu = self.device.type == "cpu"
         if mode == "auto":
-            mode = "graph" if self.device.type == "cuda" and not is_sharded(model) else "dynamic"
+            mode = "dynamic" if is_sharded(model) else "direct" if cpu else "graph" if self.device.type == "cuda" else "dynamic"
+        if mode == "direct" and (not cpu or is_sharded(model)):
+            raise AndreaError(f"decode mode direct runs on a CPU with the whole model; this one is on {self.device.type}"
+                              f"{' and sharded' if is_sharded(model) else ''}: use auto or dynamic.")
         self.mode = mode
         T = model.config.block_size
         max_len = min(max_len or T, T)
-        if mode != "dynamic":
+        if mode in ("static", "graph"):
             max_len = -(-max_len // ALIGN) * ALIGN
         self.cache = KVCache(model.config, 1, max_len, device=self.device, dtype=weight.dtype)
-        self.linear = CPULayouts() if self.device.type == "cpu" else StackedQKV()
+        self.linear = kept_layouts(model) if cpu else StackedQKV()
+        self.direct = DirectStep(model, self.cache, self.linear) if mode == "direct" else None
         self.ids = torch.zeros((1, 1), dtype=torch.long, device=self.device)  # the static step's input token
         self.pos = torch.zeros((), dtype=torch.long, device=self.device)  # and its position
         self.graph = None
@@ -175,6 +264,10 @@ class DecodePlan:
             self.model.check_ids(self.ids, n)  # names the context
         if not 0 <= token < self.model.config.vocab_size:
             self.model.check_ids(torch.tensor([[token]]))  # names the vocabulary
+        if self.direct is not None:
+            logits = self.direct(token, n)
+            self.cache.length = n + 1
+            return logits
         self.ids.fill_(token)
         self.pos.fill_(n)
         if self.mode == "graph" and self.graph is None and self.fallback is None:

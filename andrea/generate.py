@@ -139,7 +139,7 @@ def stream_ids(model, prompt_ids, max_new_tokens: int = 256, temperature: float 
 
     Arguments are checked here, before the first token; `stop_at_bos=False` lets a BOS through
     as an ordinary token (for measurements that need a run of fixed length). `decode` is the
-    decode plan's mode (andrea.decode_plan: auto, dynamic, static or graph); without a cache every
+    decode plan's mode (andrea.decode_plan: auto, dynamic, direct, static or graph); without a cache every
     token recomputes its window. `on_step(logits, token)`, when given, sees each token's (V,)
     logits as it is picked (the lab shows them).
     """

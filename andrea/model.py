@@ -233,15 +233,17 @@ class MLP(nn.Module):
 
     def forward(self, x, layer: int = 0, linear=None):
         h = self.fc1(x) if linear is None else linear(x, ("fc1", layer), self.fc1.weight)
-        if self.act == "relu2":
-            # without gradients (decoding) the plain ops: an autograd.Function's call costs more
-            # than the op itself on one token
-            h = ReLUSquared.apply(h) if torch.is_grad_enabled() else F.relu(h).square_()
-        elif self.act == "relu":
-            h = F.relu(h)
-        else:
-            h = F.gelu(h)
+        h = activate(h, self.act)
         return self.fc2(h) if linear is None else linear(h, ("fc2", layer), self.fc2.weight)
+
+
+def activate(h: torch.Tensor, act: str) -> torch.Tensor:
+    """The MLP's activation (cfg.act: relu2, relu or gelu) of its hidden layer h."""
+    if act == "relu2":
+        # without gradients (decoding) the plain ops: an autograd.Function's call costs more
+        # than the op itself on one token
+        return ReLUSquared.apply(h) if torch.is_grad_enabled() else F.relu(h).square_()
+    return F.relu(h) if act == "relu" else F.gelu(h)
 
 
 class Block(nn.Module):

@@ -1,5 +1,11 @@
 """Decode speed at batch 1: andrea's KV cache, andrea without a cache, and transformers' GPT-2.
 
+andrea decodes as it does by default (on a CPU the decode plan's "direct" step, andrea.decode_plan)
+and, as a second arm, through its modules ("dynamic"), the same arithmetic, so what the direct
+step saves is measured in the same run. The decoders take turns for --rounds rounds, in one order
+and then the reverse; each is timed by its fastest round (the median is printed beside it), after
+one warm-up generation each.
+
 The peer is `transformers.GPT2LMHeadModel` of the same shape holding the same weights (GPT-2's
 Conv1D stores [in, out], so our [out, in] matrices go in transposed; q, k and v are concatenated
 into c_attn; every GPT-2 bias is zero; lm_head is untied). GPT-2 has no squared ReLU, so both
@@ -9,6 +15,7 @@ off so every run makes the same number of tokens; the time of each includes its 
     .venv/bin/python benchmarks/bench_decode.py                  # andrea-12m shape, 512 new tokens
     .venv/bin/python benchmarks/bench_decode.py --preset andrea-cpu --new-tokens 224   # the main job's model
     .venv/bin/python benchmarks/bench_decode.py --no-cache-tokens 128   # shorter no-cache run
+    .venv/bin/python benchmarks/bench_decode.py --rounds 5             # more rounds on a noisy machine
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import argparse
 import datetime
 import os
 import platform
+import statistics
 import time
 
 import torch
@@ -82,6 +90,8 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=16)
     ap.add_argument("--no-cache-tokens", type=int, default=None, help="new tokens for the no-cache run (default: --new-tokens)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds; the decoders take turns, in one order and then "
+                    "the reverse, and each is timed by its fastest round")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -94,8 +104,8 @@ def main() -> None:
     prompt = torch.randint(257, cfg.vocab_size, (args.prompt_tokens,)).tolist()
     n, n_nc = args.new_tokens, args.no_cache_tokens or args.new_tokens
 
-    def ours(k, use_cache=True):
-        return generate_ids(model, prompt, k, greedy=True, use_cache=use_cache, stop_at_bos=False)
+    def ours(k, use_cache=True, decode="auto"):
+        return generate_ids(model, prompt, k, greedy=True, use_cache=use_cache, stop_at_bos=False, decode=decode)
 
     def theirs(k):
         x = torch.tensor([prompt])
@@ -108,12 +118,23 @@ def main() -> None:
         ref = model(torch.tensor([prompt]))[0]
         hf = peer(torch.tensor([prompt])).logits
     max_diff = (ref - hf).abs().max().item()
-    ours(8), theirs(8), ours(8, use_cache=False)  # warm up
-    ids_cache, t_cache = timed(lambda: ours(n))
-    ids_peer, t_peer = timed(lambda: theirs(n))
-    ids_nc, t_nc = timed(lambda: ours(n_nc, use_cache=False))
-
-    tps_cache, tps_peer, tps_nc = n / t_cache, n / t_peer, n_nc / t_nc
+    decoders = {"andrea, KV cache": (n, lambda: ours(n)),
+                "andrea, KV cache through the modules (decode dynamic)": (n, lambda: ours(n, decode="dynamic")),
+                "andrea, no cache": (n_nc, lambda: ours(n_nc, use_cache=False)),
+                "transformers GPT2LMHeadModel.generate (cache)": (n, lambda: theirs(n))}
+    ids, seconds = {}, {name: [] for name in decoders}
+    for _, run in decoders.values():  # warm up (andrea's first generation also lays its weights out)
+        run()
+    names = list(decoders)
+    for r in range(args.rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            ids[name], t = timed(decoders[name][1])
+            seconds[name].append(t)
+    ids_cache, ids_peer = ids["andrea, KV cache"], ids["transformers GPT2LMHeadModel.generate (cache)"]
+    ids_nc, ids_dyn = ids["andrea, no cache"], ids["andrea, KV cache through the modules (decode dynamic)"]
+    tps = {name: decoders[name][0] / min(seconds[name]) for name in names}
+    tps_cache, tps_peer = tps["andrea, KV cache"], tps["transformers GPT2LMHeadModel.generate (cache)"]
+    tps_nc = tps["andrea, no cache"]
     agree_peer = ids_cache == ids_peer
     agree_nc = ids_cache[:n_nc] == ids_nc
     first_diff = next((i for i, (a, b) in enumerate(zip(ids_cache, ids_peer)) if a != b), None)
@@ -125,19 +146,26 @@ def main() -> None:
           f"torch {torch.__version__}, transformers {transformers.__version__}, python {platform.python_version()}; "
           f"{datetime.date.today().isoformat()}")
     print(f"prompt {len(prompt)} tokens; new tokens {n} (no-cache run {n_nc}); peer attention "
-          f"{getattr(peer.config, '_attn_implementation', '?')}")
+          f"{getattr(peer.config, '_attn_implementation', '?')}; {args.rounds} rounds, tokens/s from each "
+          f"decoder's fastest")
     print()
-    print("| decoder | new tokens | seconds | tokens/s | vs transformers | vs andrea no cache |")
-    print("|---|---:|---:|---:|---:|---:|")
-    rows = [("andrea, KV cache", n, t_cache, tps_cache), ("andrea, no cache", n_nc, t_nc, tps_nc),
-            ("transformers GPT2LMHeadModel.generate (cache)", n, t_peer, tps_peer)]
-    for name, k, t, tps in rows:
-        print(f"| {name} | {k} | {t:.2f} | {tps:.1f} | {tps / tps_peer:.2f}× | {tps / tps_nc:.2f}× |")
+    print("| decoder | new tokens | seconds, fastest | seconds, median | tokens/s | vs transformers | vs andrea no cache |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name in names:
+        t = seconds[name]
+        print(f"| {name} | {decoders[name][0]} | {min(t):.3f} | {statistics.median(t):.3f} | {tps[name]:.1f} | "
+              f"{tps[name] / tps_peer:.2f}× | {tps[name] / tps_nc:.2f}× |")
     print()
+    median_ratio = statistics.median(b / a for a, b in zip(seconds["andrea, KV cache"],
+                                                           seconds["transformers GPT2LMHeadModel.generate (cache)"]))
+    print(f"andrea (cache) against transformers, round by round: median {median_ratio:.2f}× "
+          f"(rounds {', '.join(f'{b / a:.2f}×' for a, b in zip(seconds['andrea, KV cache'], seconds['transformers GPT2LMHeadModel.generate (cache)']))})")
     print(f"prompt logits, andrea vs transformers: max |diff| {max_diff:.2e}")
     print(f"greedy tokens, andrea (cache) vs transformers: {'identical' if agree_peer else f'differ from token {first_diff}'} "
           f"({n} tokens)")
     print(f"greedy tokens, andrea cache vs no cache: {'identical' if agree_nc else 'differ'} ({n_nc} tokens)")
+    print(f"greedy tokens, andrea direct vs through the modules: {'identical' if ids_dyn == ids_cache else 'differ'} "
+          f"({n} tokens)")
     print(f"targets: >= 2.5× transformers: {'met' if tps_cache >= 2.5 * tps_peer else 'not met'} "
           f"({tps_cache / tps_peer:.2f}×); >= 5× no cache: {'met' if tps_cache >= 5 * tps_nc else 'not met'} "
           f"({tps_cache / tps_nc:.2f}×)")

@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from helpers import unit_model as generate_model
 
 import andrea.decode_plan as decode
-from andrea.config import POSITION_SCHEMES, ModelConfig
-from andrea.decode_plan import CPULayouts, DecodePlan, StackedQKV
+from andrea.config import ACTIVATIONS, NORMS, POSITION_SCHEMES, ModelConfig
+from andrea.decode_plan import CPULayouts, DecodePlan, StackedQKV, kept_layouts, row_times
 from andrea.errors import AndreaError
 from andrea.generate import BOS, generate_ids
 from andrea.model import ANDREA, KVCache, chunked_cross_entropy
@@ -43,6 +43,7 @@ def test_static_steps_give_the_no_cache_tokens_for_every_position_scheme_across_
     assert len(set(reference)) > 10
     assert greedy(model, prompt, 60, decode="static") == reference
     assert greedy(model, prompt, 60, decode="dynamic") == reference
+    assert greedy(model, prompt, 60, decode="direct") == reference
     # a prompt longer than the context starts from its last half
     long_prompt = prompt_of(45, seed=2)
     assert greedy(model, long_prompt, 40, decode="static") == greedy(model, long_prompt, 40, use_cache=False)
@@ -58,6 +59,82 @@ def test_step_matches_the_forward_pass_at_every_position(pos):
         model(ids[:, :3], cache=cache)
         steps = [model.step(ids[:, t : t + 1], cache, torch.tensor(t))[:, 0] for t in range(3, 16)]
     torch.testing.assert_close(torch.stack(steps, 1), full[:, 3:], rtol=0, atol=1e-5)
+
+
+# ---------------------------------------------------------------- the direct step
+
+
+@pytest.fixture
+def set_threads():
+    """torch.set_num_threads for one test (this module's one_thread holds for all of them)."""
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("pos", POSITION_SCHEMES)
+def test_the_direct_step_gives_the_forward_pass_logits_for_every_norm_and_activation(pos, threads, set_threads):
+    set_threads(threads)  # two threads: the matrices split in blocks, one: whole
+    ids = torch.tensor([prompt_of(16, seed=3)])
+    for norm in NORMS:
+        for act in ACTIVATIONS:
+            model = tiny_model(block_size=16, pos=pos, norm=norm, act=act, vocab_size=301)  # odd V: a padded block
+            with torch.no_grad():
+                full = model(ids)[0][0, 3:]
+            plan = DecodePlan(model, mode="direct")
+            plan.prefill(ids[0, :3].tolist())
+            steps = torch.stack([plan.step(int(ids[0, t])).clone() for t in range(3, 16)])
+            assert plan.cache.length == 16
+            torch.testing.assert_close(steps, full, rtol=0, atol=1e-5, msg=f"{pos} {norm} {act}")
+
+
+def test_auto_decodes_directly_on_a_cpu_and_direct_is_refused_elsewhere(monkeypatch):
+    model = tiny_model()
+    assert DecodePlan(model).mode == "direct"
+    monkeypatch.setattr(decode, "is_sharded", lambda m: True)
+    assert DecodePlan(model).mode == "dynamic"
+    with pytest.raises(AndreaError, match="direct runs on a CPU with the whole model"):
+        DecodePlan(model, mode="direct")
+
+
+def test_a_direct_step_past_the_context_or_the_vocabulary_names_it():
+    model = tiny_model(block_size=16)
+    plan = DecodePlan(model, mode="direct")
+    with pytest.raises(AndreaError, match=r"\b299\b"):
+        plan.prefill([1])
+        plan.step(300)
+    plan.prefill(prompt_of(16))
+    with pytest.raises(AndreaError, match=r"\b16\b"):
+        plan.step(1)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_row_times_multiplies_one_row_like_f_linear(threads):
+    g = torch.Generator().manual_seed(0)
+    layouts = CPULayouts(threads)
+    for key, shape in (("narrow", (11, 32)), ("wide", (67, 32)), ("square", (32, 32))):
+        w = torch.randn(shape, generator=g)
+        x = torch.randn(1, 32, generator=g)
+        torch.testing.assert_close(row_times(x, layouts.entry(key, w)), F.linear(x, w), rtol=1e-6, atol=1e-6)
+
+
+def test_the_layouts_are_kept_between_plans_until_a_weight_or_the_thread_count_changes(set_threads):
+    model = tiny_model()
+    prompt = prompt_of(6)
+    first = DecodePlan(model).linear
+    assert DecodePlan(model).linear is first and DecodePlan(tiny_model()).linear is not first
+    before = greedy(model, prompt, 20)
+    with torch.no_grad():  # an optimizer's step or load_state_dict changes weights in place like this
+        model.h[1].mlp.fc1.weight.mul_(-1.0)
+    changed = DecodePlan(model).linear
+    assert changed is not first
+    assert greedy(model, prompt, 20) == greedy(model, prompt, 20, use_cache=False) != before
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())  # a new tensor
+    assert DecodePlan(model).linear is not changed
+    kept = kept_layouts(model)
+    set_threads(2)
+    assert kept_layouts(model) is not kept and kept_layouts(model).parts == 2
 
 
 def test_the_static_plan_reuses_its_buffers_and_keeps_the_cache_length():

@@ -125,9 +125,10 @@ def test_the_window_keeps_the_last_half():
 
 
 def positions_run(model, prompt, n, use_cache):
-    """How many positions the model computes to make n tokens."""
+    """How many positions the model computes to make n tokens (each passes through the token table,
+    whichever way the decode plan runs the step)."""
     seen = []
-    hook = model.register_forward_pre_hook(lambda m, args, kwargs: seen.append(args[0].shape[1]), with_kwargs=True)
+    hook = model.wte.register_forward_pre_hook(lambda m, args: seen.append(args[0].shape[1]))
     try:
         generate_ids(model, prompt, n, greedy=True, stop_at_bos=False, use_cache=use_cache)
     finally:
