@@ -103,10 +103,11 @@ _KEPT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (what
 
 def kept_layouts(model) -> CPULayouts:
     """The model's `CPULayouts`, kept from one plan to the next while its parameters and torch's
-    thread count stay as they were: a chat or a server makes a plan for every reply, and copying
-    every matrix again cost 13-20 ms at the main job's shape. A parameter changed in place
-    (an optimizer step, `load_state_dict`) has a new version, one replaced a new address; an
-    inference tensor, which keeps no version, is laid out afresh by every plan."""
+    thread count stay as they were: a chat makes a plan for every reply, which would otherwise
+    copy every matrix again. A parameter changed in place (an optimizer step, `load_state_dict`,
+    `copy_` under no_grad) has a new version, one replaced a new address; an inference tensor,
+    which keeps no version, is laid out afresh by every plan. A write through `.data`, which torch
+    does not count, is not seen: the next plan would multiply the old weights."""
     try:
         made_from = (torch.get_num_threads(), tuple((p.data_ptr(), p._version) for p in model.parameters()))
     except RuntimeError:  # inference tensors have no version counter

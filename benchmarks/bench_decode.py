@@ -158,6 +158,8 @@ def main() -> None:
     print()
     median_ratio = statistics.median(b / a for a, b in zip(seconds["andrea, KV cache"],
                                                            seconds["transformers GPT2LMHeadModel.generate (cache)"]))
+    print(f"andrea's direct step against its module path (decode dynamic): "
+          f"{tps_cache / tps['andrea, KV cache through the modules (decode dynamic)']:.2f}×")
     print(f"andrea (cache) against transformers, round by round: median {median_ratio:.2f}× "
           f"(rounds {', '.join(f'{b / a:.2f}×' for a, b in zip(seconds['andrea, KV cache'], seconds['transformers GPT2LMHeadModel.generate (cache)']))})")
     print(f"prompt logits, andrea vs transformers: max |diff| {max_diff:.2e}")
