@@ -93,6 +93,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="rounds; the decoders take turns, in one order and then "
                     "the reverse, and each is timed by its fastest round")
     args = ap.parse_args()
+    if args.rounds < 1 or args.new_tokens < 1 or args.prompt_tokens < 1 or (args.no_cache_tokens or 1) < 1:
+        ap.error("--rounds, --new-tokens, --prompt-tokens and --no-cache-tokens must be at least 1")
     if args.threads:
         torch.set_num_threads(args.threads)
     import transformers
