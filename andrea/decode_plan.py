@@ -217,12 +217,13 @@ class DecodePlan:
             raise AndreaError(f"decode mode must be one of {', '.join(MODES)}, got {mode!r}.")
         weight = model.wte.weight
         self.model, self.device = model, weight.device
-        cpu = self.device.type == "cpu"
+        cpu, sharded = self.device.type == "cpu", is_sharded(model)
         if mode == "auto":
-            mode = "dynamic" if is_sharded(model) else "direct" if cpu else "graph" if self.device.type == "cuda" else "dynamic"
-        if mode == "direct" and (not cpu or is_sharded(model)):
+            whole = {"cpu": "direct", "cuda": "graph"}.get(self.device.type, "dynamic")
+            mode = "dynamic" if sharded else whole
+        if mode == "direct" and (not cpu or sharded):
             raise AndreaError(f"decode mode direct runs on a CPU with the whole model; this one is on {self.device.type}"
-                              f"{' and sharded' if is_sharded(model) else ''}: use auto or dynamic.")
+                              f"{' and sharded' if sharded else ''}: use auto or dynamic.")
         self.mode = mode
         T = model.config.block_size
         max_len = min(max_len or T, T)

@@ -120,10 +120,10 @@ def main() -> None:
         ref = model(torch.tensor([prompt]))[0]
         hf = peer(torch.tensor([prompt])).logits
     max_diff = (ref - hf).abs().max().item()
-    decoders = {"andrea, KV cache": (n, lambda: ours(n)),
-                "andrea, KV cache through the modules (decode dynamic)": (n, lambda: ours(n, decode="dynamic")),
-                "andrea, no cache": (n_nc, lambda: ours(n_nc, use_cache=False)),
-                "transformers GPT2LMHeadModel.generate (cache)": (n, lambda: theirs(n))}
+    OURS, MODULES, NO_CACHE, PEER = ("andrea, KV cache", "andrea, KV cache through the modules (decode dynamic)",
+                                     "andrea, no cache", "transformers GPT2LMHeadModel.generate (cache)")
+    decoders = {OURS: (n, lambda: ours(n)), MODULES: (n, lambda: ours(n, decode="dynamic")),
+                NO_CACHE: (n_nc, lambda: ours(n_nc, use_cache=False)), PEER: (n, lambda: theirs(n))}
     ids, seconds = {}, {name: [] for name in decoders}
     for _, run in decoders.values():  # warm up (andrea's first generation also lays its weights out)
         run()
@@ -132,11 +132,9 @@ def main() -> None:
         for name in names if r % 2 == 0 else names[::-1]:
             ids[name], t = timed(decoders[name][1])
             seconds[name].append(t)
-    ids_cache, ids_peer = ids["andrea, KV cache"], ids["transformers GPT2LMHeadModel.generate (cache)"]
-    ids_nc, ids_dyn = ids["andrea, no cache"], ids["andrea, KV cache through the modules (decode dynamic)"]
+    ids_cache, ids_peer, ids_nc, ids_dyn = ids[OURS], ids[PEER], ids[NO_CACHE], ids[MODULES]
     tps = {name: decoders[name][0] / min(seconds[name]) for name in names}
-    tps_cache, tps_peer = tps["andrea, KV cache"], tps["transformers GPT2LMHeadModel.generate (cache)"]
-    tps_nc = tps["andrea, no cache"]
+    tps_cache, tps_peer, tps_nc = tps[OURS], tps[PEER], tps[NO_CACHE]
     agree_peer = ids_cache == ids_peer
     agree_nc = ids_cache[:n_nc] == ids_nc
     first_diff = next((i for i, (a, b) in enumerate(zip(ids_cache, ids_peer)) if a != b), None)
@@ -158,12 +156,10 @@ def main() -> None:
         print(f"| {name} | {decoders[name][0]} | {min(t):.3f} | {statistics.median(t):.3f} | {tps[name]:.1f} | "
               f"{tps[name] / tps_peer:.2f}× | {tps[name] / tps_nc:.2f}× |")
     print()
-    median_ratio = statistics.median(b / a for a, b in zip(seconds["andrea, KV cache"],
-                                                           seconds["transformers GPT2LMHeadModel.generate (cache)"]))
-    print(f"andrea's direct step against its module path (decode dynamic): "
-          f"{tps_cache / tps['andrea, KV cache through the modules (decode dynamic)']:.2f}×")
-    print(f"andrea (cache) against transformers, round by round: median {median_ratio:.2f}× "
-          f"(rounds {', '.join(f'{b / a:.2f}×' for a, b in zip(seconds['andrea, KV cache'], seconds['transformers GPT2LMHeadModel.generate (cache)']))})")
+    by_round = [theirs_s / ours_s for ours_s, theirs_s in zip(seconds[OURS], seconds[PEER])]
+    print(f"andrea's direct step against its module path (decode dynamic): {tps_cache / tps[MODULES]:.2f}×")
+    print(f"andrea (cache) against transformers, round by round: median {statistics.median(by_round):.2f}× "
+          f"(rounds {', '.join(f'{r:.2f}×' for r in by_round)})")
     print(f"prompt logits, andrea vs transformers: max |diff| {max_diff:.2e}")
     print(f"greedy tokens, andrea (cache) vs transformers: {'identical' if agree_peer else f'differ from token {first_diff}'} "
           f"({n} tokens)")

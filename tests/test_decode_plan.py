@@ -101,8 +101,8 @@ def test_auto_decodes_directly_on_a_cpu_and_direct_is_refused_elsewhere(monkeypa
 def test_a_direct_step_past_the_context_or_the_vocabulary_names_it():
     model = tiny_model(block_size=16)
     plan = DecodePlan(model, mode="direct")
+    plan.prefill([1])
     with pytest.raises(AndreaError, match=r"\b299\b"):
-        plan.prefill([1])
         plan.step(300)
     plan.prefill(prompt_of(16))
     with pytest.raises(AndreaError, match=r"\b16\b"):
