@@ -87,6 +87,38 @@ class MainJob:
         return out
 
 
+def time_cpu_step(job: MainJob | None = None, steps: int = 3, warmup: int = 1) -> float:
+    """Seconds per training step of the main job's CPU shape (model, batch, recipe and optimizer as
+    `andrea main` sets them up, on random tokens), the fastest of `steps` after `warmup`: the step
+    alone, without the evaluations, checkpoints and snapshots a run adds."""
+    # imported when this is asked: the command line imports this module to build its parser, without torch
+    import torch
+
+    from andrea.distributed import tune_for_training
+    from andrea.model import ANDREA
+    from andrea.optim import make_optimizer
+
+    job = job or MainJob.on("cpu")
+    shape, settings = job.shape("cpu"), job.train_settings()
+    cfg = get_preset(shape["preset"])
+    torch.manual_seed(job.seed)
+    model = ANDREA(cfg)
+    tune_for_training(model, torch.device("cpu"))
+    opt = make_optimizer(model, settings["recipe"], settings["lr"], device="cpu")
+    g = torch.Generator().manual_seed(job.seed)
+    x, y = (torch.randint(0, cfg.vocab_size, (shape["batch_size"], min(shape["seq_len"], cfg.block_size)), generator=g)
+            for _ in range(2))
+    best = float("inf")
+    for i in range(warmup + steps):
+        start = time.perf_counter()
+        model(x, targets=y)[1].backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if i >= warmup:
+            best = min(best, time.perf_counter() - start)
+    return best
+
+
 def tokenizer_folder(n_segments: int, names) -> Path:
     """Where the main job keeps its tokenizer of n_segments fitted on these sources."""
     # imported when this is asked: the command line imports this module to build its parser, without torch

@@ -17,6 +17,12 @@ groups here (on the meta device, without memory) to translate between the two.
        the last `decay_fraction` of the budget, then linearly to zero, so a run that stops on its
        time limit ends annealed. The two optimizers are one `Optimizers` object with one state
        dict, in the global group order above, so checkpoints, resume and DDP/FSDP see one optimizer.
+
+Muon is torch's (`torch.optim.Muon`: its parameter groups, state and checkpoints) with one
+change, `andrea.optim.Muon`: the Newton-Schulz products run in a number format chosen for the
+device (`andrea.processor.orthogonalization_dtype`), where torch's always casts to bfloat16, which
+a CPU without native bf16 emulates about a hundred times slower than float32. In bfloat16 its
+step equals torch's exactly (tests/test_optim.py).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import torch
 
 from andrea.config import ModelConfig
 from andrea.errors import AndreaError
+from andrea.processor import orthogonalization_dtype
 from andrea.trainconfig import DEFAULT_LR, RECIPES
 
 MUON = "muon"  # the `optimizer` key of a v3 group trained by Muon
@@ -86,10 +93,69 @@ def make_optimizer(model: torch.nn.Module, recipe: str, lr: float | None = None,
     if recipe == "v2":
         return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), fused=fused)
     scale = 1.0 if muon_lr is None else muon_lr / lr
-    muon = torch.optim.Muon([{**groups[0], "lr": lr * scale, "lr_scale": scale}], lr=lr * scale,
-                            weight_decay=weight_decay, momentum=0.95, nesterov=True, adjust_lr_fn="match_rms_adamw")
+    muon = Muon([{**groups[0], "lr": lr * scale, "lr_scale": scale}], lr=lr * scale, weight_decay=weight_decay,
+                momentum=0.95, nesterov=True, adjust_lr_fn="match_rms_adamw", ns_dtype=orthogonalization_dtype(device))
     adamw = torch.optim.AdamW(groups[1:], lr=lr, betas=(0.9, 0.95), fused=fused)
     return Optimizers([muon, adamw])
+
+
+class Muon(torch.optim.Muon):
+    """torch's Muon whose orthogonalization runs in `ns_dtype` (torch's: bfloat16 always). The
+    groups and the state (`momentum_buffer`) are torch's, so checkpoints read either way; the
+    dtype is the optimizer's, not a group's, so a saved state dict is the same as torch's."""
+
+    def __init__(self, params, *, ns_dtype: torch.dtype = torch.bfloat16, **kwargs):
+        super().__init__(params, **kwargs)
+        self.ns_dtype = ns_dtype
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, decay, mu = group["lr"], group["weight_decay"], group["momentum"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
+                buf = state["momentum_buffer"]
+                buf.lerp_(p.grad, 1 - mu)
+                update = p.grad.lerp(buf, mu) if group["nesterov"] else buf
+                update = orthogonalize(update, group["ns_coefficients"], group["ns_steps"], group["eps"], self.ns_dtype)
+                p.mul_(1 - lr * decay)
+                p.add_(update, alpha=-lr * muon_lr_ratio(group["adjust_lr_fn"], p.shape))
+        return loss
+
+
+def orthogonalize(g: torch.Tensor, coefficients, steps: int, eps: float, dtype: torch.dtype) -> torch.Tensor:
+    """Newton-Schulz's quintic iteration towards the nearest semi-orthogonal matrix to `g` (its
+    singular values pushed to about 1), computed in `dtype` on a copy: torch's iteration, with
+    its coefficients and its order of products."""
+    a, b, c = coefficients
+    x = g.to(dtype, copy=True)
+    tall = g.size(0) > g.size(1)
+    if tall:
+        x = x.T
+    x.div_(x.norm().clamp(min=eps))  # spectral norm at most 1
+    for _ in range(steps):
+        gram = x @ x.T
+        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.T if tall else x
+
+
+def muon_lr_ratio(adjust: str | None, shape) -> float:
+    """What Muon multiplies the learning rate by for a matrix of `shape`: sqrt(max(1, A/B))
+    ("original"), 0.2·sqrt(max(A, B)) so the step's RMS matches AdamW's ("match_rms_adamw")."""
+    rows, cols = shape[:2]
+    if adjust in (None, "original"):
+        return math.sqrt(max(1, rows / cols))
+    if adjust == "match_rms_adamw":
+        return 0.2 * math.sqrt(max(rows, cols))
+    return 1.0
 
 
 class Optimizers(torch.optim.Optimizer):

@@ -87,6 +87,7 @@ from andrea.metrics import Meter, append_row
 from andrea.model import ANDREA
 from andrea.optim import lr_at, make_optimizer
 from andrea.plots import plot_curriculum, plot_losses
+from andrea.processor import bf16_verdict, processor_line
 from andrea.runstate import RunState, checkpoint_to_resume
 from andrea.shards import TokenData, check_validation, verify_shards
 from andrea.signals import Signals, is_main_process
@@ -575,11 +576,10 @@ class Run:
         self.log(f"model: {sum(p.numel() for p in self.model.parameters()):,} parameters on {self.device}"
                  f"{f' × {world} processes' if world > 1 else ''}; {self.tokens_per_step:,} tokens per step "
                  f"({cfg.batch_size} × {cfg.seq_len}, {accum} micro-batch{'es' if accum > 1 else ''} of {self.micro} per process)")
+        if self.device.type == "cpu":
+            self.log(processor_line(bf16_verdict(), cfg.recipe))
         if resumed:
             self.log(f"resuming {self.out} at step {self.state.step:,}")
-
-
-# ---------------------------------------------------------------- measuring
 
 
 # ---------------------------------------------------------------- helpers of the run

@@ -27,6 +27,7 @@ COMMAND_MODULES = [
     "andrea.cli.lesson",
     "andrea.cli.embed",
     "andrea.cli.lab",
+    "andrea.cli.doctor",
 ]
 
 

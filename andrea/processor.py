@@ -1,0 +1,245 @@
+"""What this machine's processor does natively: whether a bfloat16 matrix product is faster than
+a float32 one here, measured once per processor and cached.
+
+Many CPUs have no bfloat16 arithmetic (most laptops; AMD before Zen 4; Intel without AVX512_BF16
+or AMX): there oneDNN emulates a bf16 product, about a hundred times slower than the same product
+in float32. A hot path that casts to bf16 on such a CPU loses far more than it saves, so andrea
+never chooses a CPU number format by assumption. `bf16_verdict()` reads the processor's flags
+(AVX512_BF16 or AMX on x86, BF16 on Arm), then times a 256×1024 @ 1024×256 product (the main
+job's MLP shape) in both formats on torch's threads, and calls bf16 *native* when the flags allow
+it and the bf16 product is the faster one. The verdict is kept in `processor.json` under the
+cache folder, keyed by what decides it (the processor's name and flags, the machine, torch's
+version, threads and CPU capability, and the ISA limits oneDNN and ATen read from the
+environment), so it is measured again when any of them changes.
+
+`ANDREA_BF16=native` or `ANDREA_BF16=emulated` sets the verdict without measuring (a machine
+whose measurement is disturbed; tests).
+
+Where the verdict is used: recipe v3's Muon orthogonalizes each momentum matrix in
+`orthogonalization_dtype(device)` (bf16 on CUDA and on a CPU with native bf16, float32 elsewhere;
+`andrea.optim.Muon`). Nothing else on a CPU computes in a reduced format: autocast is CUDA's
+only, decoding, serving and the lab run in the weights' float32, and embedding snapshots store
+float16 rows but convert them to float64 before any arithmetic (`andrea.timeline`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from andrea.cache import cache_root
+from andrea.errors import AndreaError
+
+ENV = "ANDREA_BF16"  # "native" or "emulated": the verdict without a measurement
+FORCED = ("native", "emulated")
+VERSION = 1  # of the cached verdict's layout and rule
+MAX_ENTRIES = 16  # identities kept in the cache file
+SHAPE = (256, 1024, 256)  # the timed product: (m, k, n), 256 x 1024 @ 1024 x 256
+BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")  # x86's two, and Arm's FEAT_BF16 as Linux names it
+# the settings that change which kernels torch and oneDNN pick, read from the environment
+ISA_VARIABLES = ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "ONEDNN_DEFAULT_FPMATH_MODE")
+
+
+@dataclass
+class Verdict:
+    """What andrea concluded about bfloat16 on this processor, and the figures it rests on."""
+
+    native: bool  # bf16 matrix products are native here and faster than float32
+    processor: str
+    threads: int
+    flags: list[str]  # the processor's bf16 flags found (empty: none, or flags unreadable)
+    flags_known: bool  # whether the processor's flags could be read at all
+    f32_gflops: float | None  # measured rates of the timed product (None when the verdict was forced)
+    bf16_gflops: float | None
+    source: str  # "measured", "cached" or "forced by ANDREA_BF16"
+
+    def reason(self) -> str:
+        """Why, in a few words: the flags and the measured rates."""
+        if self.f32_gflops is None:
+            return f"{self.source}"
+        flags = ", ".join(self.flags) if self.flags else ("no bf16 flag" if self.flags_known else "flags unknown")
+        return f"{flags}; bf16 {self.bf16_gflops:,.1f} vs float32 {self.f32_gflops:,.1f} GFLOP/s, {self.source}"
+
+    def choice(self) -> str:
+        """The sentence the main job's header and `andrea doctor` print about Muon."""
+        if self.native:
+            return "Muon orthogonalization in bfloat16: this CPU computes bfloat16 natively"
+        return "Muon orthogonalization in float32: this CPU emulates bfloat16"
+
+
+def processor_line(verdict: Verdict, recipe: str | None = None) -> str:
+    """One line for a run's header: the processor, its threads, whether bf16 is native, and (for
+    recipe v3, whose Muon is the one CPU path the verdict changes) the choice made."""
+    kind = "native" if verdict.native else "emulated"
+    line = f"processor: {verdict.processor}, {verdict.threads} threads; bfloat16 {kind} ({verdict.reason()})"
+    return line + (f"; {verdict.choice()}" if recipe == "v3" else "")
+
+
+def processor_name() -> str:
+    """The processor's model name as the system reports it."""
+    for line in _cpuinfo().splitlines():
+        if line.split(":", 1)[0].strip() in ("model name", "Model", "Hardware"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine() or "unknown processor"
+
+
+def processor_flags() -> set[str] | None:
+    """The processor's feature flags (x86 `flags`, Arm `Features`), or None where they cannot be read."""
+    text = _cpuinfo()
+    for line in text.splitlines():
+        if line.split(":", 1)[0].strip() in ("flags", "Features"):
+            return set(line.split(":", 1)[1].split())
+    return None
+
+
+def _cpuinfo() -> str:
+    try:
+        return Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def identity() -> dict:
+    """What decides the verdict: a change in any of these measures it again."""
+    import torch
+
+    flags = processor_flags()
+    return {"version": VERSION, "processor": processor_name(), "machine": platform.machine(),
+            "flags": hashlib.sha256(" ".join(sorted(flags or ())).encode()).hexdigest()[:16],
+            "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "capability": torch.backends.cpu.get_cpu_capability(),
+            "environment": {k: os.environ[k] for k in ISA_VARIABLES if k in os.environ}}
+
+
+def product_rates(repeats: int = 3) -> tuple[float, float]:
+    """GFLOP/s of the SHAPE product in float32 and in bfloat16 on torch's threads: the best of
+    `repeats` timings after one warm-up (an emulated bf16 product takes ~0.1 s, so this stays short)."""
+    import torch
+
+    m, k, n = SHAPE
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(m, k, generator=g), torch.randn(k, n, generator=g)
+    rates = []
+    for dtype in (torch.float32, torch.bfloat16):
+        x, y = a.to(dtype), b.to(dtype)
+        torch.mm(x, y)
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            torch.mm(x, y)
+            best = min(best, time.perf_counter() - start)
+        rates.append(2 * m * k * n / max(best, 1e-9) / 1e9)
+    return rates[0], rates[1]
+
+
+def measure() -> Verdict:
+    """The verdict from this processor's flags and a timed product, not cached."""
+    import torch
+
+    flags = processor_flags()
+    found = sorted(f for f in (flags or ()) if f in BF16_FLAGS)
+    f32, bf16 = product_rates()
+    allowed = bool(found) or flags is None  # flags unread (another system): the timing alone decides
+    return Verdict(native=allowed and bf16 > f32, processor=processor_name(), threads=torch.get_num_threads(),
+                   flags=found, flags_known=flags is not None, f32_gflops=f32, bf16_gflops=bf16, source="measured")
+
+
+def cache_file() -> Path:
+    return cache_root() / "processor.json"
+
+
+_memo: dict = {}  # identity (as a string) -> Verdict, for this process
+
+
+def bf16_verdict(refresh: bool = False) -> Verdict:
+    """This processor's verdict: ANDREA_BF16 when set, else the cached one when it was measured on
+    what is here now, else measured now and cached. `refresh` measures again in any case."""
+    forced = os.environ.get(ENV, "").strip().lower()
+    if forced:
+        if forced not in FORCED:
+            raise AndreaError(f"{ENV} must be one of {', '.join(FORCED)} (or unset to measure), got {forced!r}.")
+        import torch
+
+        flags = processor_flags()
+        return Verdict(native=forced == "native", processor=processor_name(), threads=torch.get_num_threads(),
+                       flags=sorted(f for f in (flags or ()) if f in BF16_FLAGS), flags_known=flags is not None,
+                       f32_gflops=None, bf16_gflops=None, source=f"forced by {ENV}={forced}")
+    ident = identity()
+    key = _key(ident)
+    if not refresh and key in _memo:
+        return _memo[key]
+    verdict = None if refresh else _read_cached(ident)
+    if verdict is None:
+        verdict = measure()
+        _write_cached(ident, verdict)
+    _memo[key] = verdict
+    return verdict
+
+
+def _key(ident: dict) -> str:
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _read_entries() -> dict:
+    """The cached verdicts by identity key; {} when there is no readable cache."""
+    from andrea.files import read_json
+
+    try:
+        data = read_json(cache_file(), "the processor's cached verdicts")
+    except (AndreaError, OSError):
+        return {}
+    entries = data.get("verdicts") if isinstance(data, dict) else None
+    return entries if isinstance(entries, dict) else {}
+
+
+def _read_cached(ident: dict) -> Verdict | None:
+    """The cached verdict measured on this identity, when it reads back whole; else None."""
+    entry = _read_entries().get(_key(ident))
+    if not isinstance(entry, dict) or entry.get("identity") != ident or not isinstance(entry.get("verdict"), dict):
+        return None
+    try:
+        verdict = Verdict(**entry["verdict"])
+    except TypeError:
+        return None
+    numbers = (verdict.f32_gflops, verdict.bf16_gflops)
+    if (not isinstance(verdict.native, bool) or not isinstance(verdict.threads, int)
+            or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in numbers)
+            or not isinstance(verdict.flags, list) or not all(isinstance(f, str) for f in verdict.flags)
+            or not isinstance(verdict.processor, str)):
+        return None
+    verdict.source = "cached"
+    return verdict
+
+
+def _write_cached(ident: dict, verdict: Verdict) -> None:
+    """Keep the verdict for the next process, beside those of other identities (the same machine
+    with other threads or ISA limits), the newest MAX_ENTRIES. A cache folder that cannot be
+    written only costs a measurement next time."""
+    from andrea.files import atomic_write_bytes
+
+    entries = {k: v for k, v in _read_entries().items() if k != _key(ident)}
+    entries[_key(ident)] = {"identity": ident, "verdict": asdict(verdict)}
+    entries = dict(list(entries.items())[-MAX_ENTRIES:])
+    try:
+        cache_file().parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(cache_file(), (json.dumps({"verdicts": entries}, indent=1) + "\n").encode())
+    except (AndreaError, OSError):
+        pass
+
+
+def orthogonalization_dtype(device) -> "torch.dtype":  # noqa: F821 (torch is imported when asked)
+    """The number format Muon's Newton-Schulz products run in on `device`: bfloat16 on CUDA and on
+    a CPU that computes it natively and faster, float32 on every other CPU."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.bfloat16
+    if device.type == "cpu":
+        return torch.bfloat16 if bf16_verdict().native else torch.float32
+    return torch.float32  # meta (the formats' bookkeeping) and others: no products run

@@ -1,0 +1,221 @@
+"""andrea.processor and andrea.optim.Muon: bfloat16 runs on the hot path only where the processor
+computes it natively. Pinned by the dtypes of the matrix products one optimizer step dispatches
+(forced either way), torch's own Muon as the peer for the bfloat16 step, and the verdict's cache
+read back, kept apart per processor and refreshed when the processor changes."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from andrea import processor
+from andrea.cli import main
+from andrea.config import ModelConfig
+from andrea.errors import AndreaError
+from andrea.model import ANDREA
+from andrea.optim import Muon, make_optimizer, orthogonalize
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+PRODUCTS = {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "_addmm_activation", "dot", "mv"}
+
+
+class ProductDtypes(TorchDispatchMode):
+    """Records the dtype of every matrix product dispatched while it is active."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name in PRODUCTS:
+            self.seen.append(next(a.dtype for a in args if isinstance(a, torch.Tensor)))
+        return func(*args, **(kwargs or {}))
+
+
+def tiny() -> ANDREA:
+    torch.manual_seed(0)
+    return ANDREA(ModelConfig(vocab_size=300, n_embd=32, n_head=2, n_layer=2, block_size=16))
+
+
+@pytest.fixture
+def fresh(monkeypatch, tmp_path):
+    """An empty cache folder, no verdict remembered by this process and none forced."""
+    monkeypatch.setenv("ANDREA_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv(processor.ENV, raising=False)
+    monkeypatch.setattr(processor, "_memo", {})
+    return tmp_path / "cache"
+
+
+def one_v3_step_products(monkeypatch, verdict: str) -> list[torch.dtype]:
+    monkeypatch.setenv(processor.ENV, verdict)
+    model = tiny()
+    opt = make_optimizer(model, "v3", lr=1e-2, device="cpu")
+    x = torch.randint(0, 300, (2, 16), generator=torch.Generator().manual_seed(1))
+    model(x, targets=x)[1].backward()
+    with ProductDtypes() as mode:
+        opt.step()
+    return mode.seen
+
+
+def test_v3_step_runs_no_bfloat16_product_where_bfloat16_is_emulated(monkeypatch):
+    seen = one_v3_step_products(monkeypatch, "emulated")
+    assert seen and torch.bfloat16 not in seen  # 12 matrices x 5 Newton-Schulz rounds, all float32
+    assert set(seen) == {torch.float32}
+
+
+def test_v3_step_orthogonalizes_in_bfloat16_where_it_is_native(monkeypatch):
+    seen = one_v3_step_products(monkeypatch, "native")
+    assert seen.count(torch.bfloat16) == 12 * 5 * 3  # 12 block matrices, 5 rounds, 3 products a round
+
+
+def test_muon_in_bfloat16_equals_torchs_muon():
+    """The peer: torch.optim.Muon, which always orthogonalizes in bfloat16. Three steps on the same
+    gradients leave the same weights and the same momentum, bit for bit."""
+    a, b = tiny(), tiny()
+    ma = [p for n, p in a.named_parameters() if p.dim() == 2 and ".h." in f".{n}"]
+    mb = [p for n, p in b.named_parameters() if p.dim() == 2 and ".h." in f".{n}"]
+    kw = dict(lr=2e-2, weight_decay=0.1, momentum=0.95, nesterov=True, adjust_lr_fn="match_rms_adamw")
+    ours, peer = Muon(ma, ns_dtype=torch.bfloat16, **kw), torch.optim.Muon(mb, **kw)
+    x = torch.randint(0, 300, (2, 16), generator=torch.Generator().manual_seed(2))
+    for _ in range(3):
+        for model, opt in ((a, ours), (b, peer)):
+            opt.zero_grad()
+            model(x, targets=x)[1].backward()
+            opt.step()
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    assert all(torch.equal(ours.state[p]["momentum_buffer"], peer.state[q]["momentum_buffer"]) for p, q in zip(ma, mb))
+    # the state dicts are the same shape, so a checkpoint written by either loads into the other
+    sa, sb = ours.state_dict(), peer.state_dict()
+    assert sa["param_groups"] == sb["param_groups"] and sorted(sa["state"]) == sorted(sb["state"])
+
+
+def test_float32_orthogonalization_is_closer_to_exact_arithmetic_and_leaves_its_input():
+    """In float32 the iteration matches float64's to ~1e-6 (bfloat16's differs by ~1e-2), and the
+    momentum it is given is not changed in place (the float32 cast is a copy)."""
+    g = torch.randn(24, 64, generator=torch.Generator().manual_seed(3))
+    before = g.clone()
+    coeffs = (3.4445, -4.7750, 2.0315)
+    exact = orthogonalize(g.double(), coeffs, 5, 1e-7, torch.float64)
+    f32 = orthogonalize(g, coeffs, 5, 1e-7, torch.float32)
+    bf16 = orthogonalize(g, coeffs, 5, 1e-7, torch.bfloat16)
+    assert torch.equal(g, before) and f32.dtype == torch.float32
+    assert (f32.double() - exact).abs().max() < 1e-5 < (bf16.double() - exact).abs().max()
+    tall = orthogonalize(g.T.contiguous(), coeffs, 5, 1e-7, torch.float32)  # a tall matrix: worked on its transpose
+    assert torch.allclose(tall, f32.T, atol=1e-6)
+
+
+def test_v3_checkpoint_state_loads_across_the_two_choices(monkeypatch):
+    """A state saved by a run that orthogonalized in bfloat16 resumes on a CPU that does it in
+    float32, and the other way: the dtype is the optimizer's, not part of its state."""
+    monkeypatch.setenv(processor.ENV, "native")
+    a = tiny()
+    opt_a = make_optimizer(a, "v3", lr=1e-2)
+    x = torch.randint(0, 300, (2, 16), generator=torch.Generator().manual_seed(4))
+    a(x, targets=x)[1].backward()
+    opt_a.step()
+    monkeypatch.setenv(processor.ENV, "emulated")
+    b = copy.deepcopy(a)
+    opt_b = make_optimizer(b, "v3", lr=1e-2)
+    opt_b.load_state_dict(copy.deepcopy(opt_a.state_dict()))
+    assert opt_b.optimizers[0].ns_dtype == torch.float32 and opt_a.optimizers[0].ns_dtype == torch.bfloat16
+    mom = [opt_b.state[p]["momentum_buffer"] for p in opt_b.param_groups[0]["params"]]
+    assert all(torch.equal(m, opt_a.state[p]["momentum_buffer"]) for m, p in zip(mom, opt_a.param_groups[0]["params"]))
+
+
+def test_verdict_rule_needs_the_flag_and_the_faster_product(fresh, monkeypatch):
+    cases = [({"avx512_bf16", "avx2"}, (100.0, 300.0), True),   # native: flag and faster
+             ({"avx512_bf16", "avx2"}, (100.0, 2.0), False),    # flag, but oneDNN emulates (ISA limited)
+             ({"avx2", "fma"}, (100.0, 300.0), False),          # faster, but no flag: not trusted
+             (None, (100.0, 300.0), True),                      # flags unreadable: the timing decides
+             (None, (100.0, 1.0), False)]
+    for flags, rates, native in cases:
+        monkeypatch.setattr(processor, "processor_flags", lambda f=flags: f)
+        monkeypatch.setattr(processor, "product_rates", lambda r=rates: r)
+        v = processor.measure()
+        assert v.native is native, (flags, rates)
+        assert v.choice() == ("Muon orthogonalization in bfloat16: this CPU computes bfloat16 natively" if native
+                              else "Muon orthogonalization in float32: this CPU emulates bfloat16")
+
+
+def test_verdict_is_measured_once_cached_and_measured_again_when_the_processor_changes(fresh, monkeypatch):
+    calls = []
+    real = processor.product_rates
+    monkeypatch.setattr(processor, "product_rates", lambda: calls.append(1) or real(repeats=1))
+    first = processor.bf16_verdict()
+    assert first.source == "measured" and len(calls) == 1
+    assert processor.bf16_verdict() is first and len(calls) == 1  # this process remembers it
+    monkeypatch.setattr(processor, "_memo", {})
+    again = processor.bf16_verdict()  # a new process: read back from the cache file, not measured
+    assert again.source == "cached" and len(calls) == 1 and again.native == first.native
+    # another processor (or the same one with oneDNN limited to AVX2): measured again, both kept
+    monkeypatch.setattr(processor, "processor_name", lambda: "Another CPU 9000")
+    assert processor.bf16_verdict().source == "measured" and len(calls) == 2
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert processor.bf16_verdict().source == "measured" and len(calls) == 3
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+    monkeypatch.setattr(processor, "_memo", {})
+    assert processor.bf16_verdict().source == "cached" and len(calls) == 3
+    assert len(json.loads((fresh / "processor.json").read_text())["verdicts"]) == 3
+    assert processor.bf16_verdict(refresh=True).source == "measured" and len(calls) == 4
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("content", [b"{not json", b"[]", b'{"verdicts": []}', b'{"verdicts": {"x": 1}}',
+                                     "wrong types"])
+def test_a_damaged_cache_is_measured_again_not_believed(fresh, monkeypatch, content):
+    if content == "wrong types":  # the right identity, a verdict whose fields are of the wrong kinds
+        ident = processor.identity()
+        v = {"native": "yes", "processor": "x", "threads": 2, "flags": [], "flags_known": True,
+             "f32_gflops": float("nan"), "bf16_gflops": -1, "source": "measured"}
+        content = json.dumps({"verdicts": {processor._key(ident): {"identity": ident, "verdict": v}}}).encode()
+    fresh.mkdir(parents=True)
+    (fresh / "processor.json").write_bytes(content)
+    monkeypatch.setattr(processor, "product_rates", lambda: (100.0, 1.0))
+    v = processor.bf16_verdict()
+    assert v.source == "measured" and v.native is False
+
+
+@pytest.mark.hostile
+def test_a_wrong_forced_verdict_is_one_sentence(fresh, monkeypatch, capsys):
+    monkeypatch.setenv(processor.ENV, "sometimes")
+    with pytest.raises(AndreaError, match="ANDREA_BF16 must be one of native, emulated"):
+        processor.bf16_verdict()
+    assert main(["doctor", "--steps", "1"]) == 2
+    assert "ANDREA_BF16 must be one of" in capsys.readouterr().err
+
+
+def test_train_header_names_the_processor_and_the_choice(fresh, monkeypatch, tmp_path):
+    """What the learner reads when a run starts: the processor, its threads and Muon's number format."""
+    monkeypatch.setenv(processor.ENV, "emulated")
+    v = processor.bf16_verdict()
+    line = processor.processor_line(v, "v3")
+    assert line.startswith(f"processor: {processor.processor_name()}, {torch.get_num_threads()} threads; bfloat16 emulated")
+    assert line.endswith("; Muon orthogonalization in float32: this CPU emulates bfloat16")
+    assert "Muon" not in processor.processor_line(v, "v2")
+
+
+def test_doctor_prints_rates_the_choice_and_the_main_jobs_steps(fresh, monkeypatch, capsys):
+    """`andrea doctor --json` with the main job's step timed on a tiny preset (the real one takes
+    seconds a step): its step count is the minutes over the measured step."""
+    import andrea.mainjob as mainjob
+
+    monkeypatch.setitem(mainjob.SHAPES["cpu"], "preset", "andrea-tiny")
+    monkeypatch.setitem(mainjob.SHAPES["cpu"], "batch_size", 2)
+    monkeypatch.setitem(mainjob.SHAPES["cpu"], "seq_len", 32)
+    assert main(["doctor", "--json", "--steps", "1", "--minutes", "2"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["f32_gflops"] > 0 and r["bf16_gflops"] > 0 and r["verdict_source"] == "measured"
+    assert r["bf16_native"] == (bool(r["bf16_flags"]) and r["bf16_gflops"] > r["f32_gflops"])
+    job = r["main_job"]
+    assert job["preset"] == "andrea-tiny" and job["steps"] == int(120 / job["step_seconds"])
+    monkeypatch.setenv(processor.ENV, "emulated")
+    assert main(["doctor", "--steps", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "bfloat16: emulated (set by ANDREA_BF16)" in out and "Muon orthogonalization in float32" in out
+    assert "GFLOP/s" in out  # the rates are measured for the report even when the verdict is forced
