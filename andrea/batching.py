@@ -12,7 +12,7 @@ Batch invariance. The tokens of a sequence do not depend on what else is in the 
 - everything a row computes apart from its matrix products (the embedding sum, the norms, the
   activation, the residual sums) is computed row by row by torch's kernels, whichever rows sit
   beside it; attention runs once per sequence over its own slot's filled positions, the same call
-  `andrea.generate` makes;
+  `andrea.generate` makes (the step is the model's own forward with `andrea.model.Rows`);
 - a greedy sequence's matrix products run on its one row alone, exactly as the decode plan of
   `andrea.generate` runs them, so its tokens are token for token those of `andrea generate --greedy`;
 - the sampled sequences' rows are multiplied together, in one product of at least `MIN_ROWS` rows
@@ -35,7 +35,7 @@ from andrea.config import BOS
 from andrea.decode_plan import CPULayouts, attention_kernels
 from andrea.errors import AndreaError
 from andrea.generate import check_prompt_ids, check_sampling, sample_next, window_keep
-from andrea.model import KVCache
+from andrea.model import KVCache, Rows
 
 MIN_ROWS = 4  # the sampled rows of a step are multiplied as at least this many (zero rows pad)
 
@@ -188,49 +188,14 @@ class BatchDecoder:
 
     @torch.inference_mode()
     def _forward(self, rows: list[Sequence]) -> torch.Tensor:
-        """(len(rows), V) logits: each row's last token at its own position in its own slot."""
-        model = self.model
+        """(len(rows), V) logits: each row's last token at its own position in its own slot, by
+        the model's own forward (`Rows`)."""
         self.rows.exact = sum(1 for s in rows if s.greedy)
         ids = torch.tensor([[s.ids[-1]] for s in rows], dtype=torch.long)
-        pos = torch.tensor([s.position for s in rows], dtype=torch.long)
-        slots = torch.tensor([s.slot for s in rows], dtype=torch.long)
-        ends = [s.position + 1 for s in rows]
-        x = model.wte(ids)  # (B, 1, d), plus each row's own position's row of the table
-        if model.config.pos in ("learned", "sinusoidal"):
-            table = model.wpe.weight if model.config.pos == "learned" else model.pos_table
-            x = x + table.index_select(0, pos)[:, None]
-        for layer, block in enumerate(model.h):
-            x = x + self._attention(block.attn, block.ln_1(x), layer, pos, slots, ends, [s.slot for s in rows])
-            x = x + block.mlp(block.ln_2(x), layer, self.rows)
-        h = model.ln_f(x)
-        return self.rows(h, "lm_head", model.lm_head.weight)[:, -1]
-
-    def _attention(self, attn, x, layer: int, pos, slots, ends, slot_list) -> torch.Tensor:
-        """The attention of one layer for rows x (B, 1, d), row i at position pos[i] of slot slots[i]."""
-        B, _, d = x.shape
-        qkv = self.rows(x, ("qkv", layer), attn.qkv_weight)
-        q, k, v = qkv.view(B, 1, 3, attn.n_head, attn.head_dim).permute(2, 0, 3, 1, 4)  # each (B, nh, 1, hs)
-        rope = self.model.rope
-        if rope is not None:
-            q, k = _rotate(rope, q, pos), _rotate(rope, k, pos)
-        cache_k, cache_v = self.cache.k[layer], self.cache.v[layer]  # (max_batch, nh, T, hs)
-        cache_k[slots, :, pos] = k[:, :, 0]
-        cache_v[slots, :, pos] = v[:, :, 0]
-        ys = []
-        with attention_kernels(x.device):
-            for i, (slot, end) in enumerate(zip(slot_list, ends)):
-                ys.append(F.scaled_dot_product_attention(q[i : i + 1], cache_k[slot : slot + 1, :, :end],
-                                                         cache_v[slot : slot + 1, :, :end]))
-        y = torch.cat(ys).transpose(1, 2).reshape(B, 1, d)
-        return self.rows(y, ("wo", layer), attn.wo.weight)
-
-
-def _rotate(rope, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-    """x (B, H, 1, hs) rotated by each row's own position (RotaryEmbedding's arithmetic, per row)."""
-    cos = rope.cos.index_select(0, pos)[:, None, None, :].to(x.dtype)
-    sin = rope.sin.index_select(0, pos)[:, None, None, :].to(x.dtype)
-    x1, x2 = x[..., 0::2], x[..., 1::2]
-    return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+        with attention_kernels(ids.device):
+            logits, _ = self.model(ids, cache=self.cache, linear=self.rows,
+                                   rows=Rows([s.slot for s in rows], [s.position for s in rows]))
+        return logits[:, -1]
 
 
 def generate_batch(model, prompts, max_new_tokens, max_batch: int, arrivals=None, settings=None) -> list[list[int]]:

@@ -48,7 +48,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from andrea.errors import AndreaError
-from andrea.model import KVCache, activate
+from andrea.model import KVCache, activate, attend
 
 MODES = ("auto", "dynamic", "direct", "static", "graph")
 ALIGN = 64  # fixed-shape caches are a multiple of this many positions
@@ -131,7 +131,8 @@ class DirectStep:
     without the module tree: `x = embed(id, n)`, then per block `x += attn(norm_1(x))` over keys
     and values 0 .. n, `x += mlp(norm_2(x))`, and `head(norm_f(x))`. Every matrix is one of the
     plan's `CPULayouts`, each block's norms, matrices and cache views are gathered once, and the
-    embedding, rotary positions and activation are the model's own functions."""
+    embedding, rotary positions, cache write, attention and activation are the model's own
+    functions (`ANDREA.embed`, `RotaryEmbedding`, `andrea.model.attend`, `activate`)."""
 
     def __init__(self, model, cache: KVCache, layouts: CPULayouts):
         cfg = model.config
@@ -154,9 +155,7 @@ class DirectStep:
             q, k, v = row_times(norm_1(x), qkv).view(3, 1, self.heads, 1, self.head_dim)
             if rope is not None:
                 q, k = rope(q, n), rope(k, n)
-            keys[:, :, n] = k[:, :, 0]
-            values[:, :, n] = v[:, :, 0]
-            y = F.scaled_dot_product_attention(q, keys[:, :, : n + 1], values[:, :, : n + 1])
+            y = attend(q, k, v, keys, values, n)  # the model's cache write and attention call
             x = x + row_times(y.view(1, d), wo)  # the heads side by side, as the model's transpose + reshape
             x = x + row_times(activate(row_times(norm_2(x), fc1), self.act), fc2)
         return row_times(self.norm_f(x), self.head)[0]

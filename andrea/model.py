@@ -89,41 +89,71 @@ class Attention(nn.Module):
         tables stay separate parameters, and gradients flow back to each)."""
         return torch.cat([self.wq.weight, self.wk.weight, self.wv.weight])
 
-    def forward(self, x, rope=None, cache: KVCache | None = None, layer: int = 0, linear=None, where=None, mask=None):
-        """Without a cache: causal attention over x. With one: x's keys and values join the cache,
-        at positions cache.length .. (a Python int), or, in a fixed-shape step, at the positions in
-        the tensor `where`, attending over the whole cache through `mask` (T, max_len)."""
+    def forward(self, x, rope=None, cache: KVCache | None = None, layer: int = 0, linear=None, at=None, mask=None):
+        """Causal attention over x, or with a cache over x and what the cache holds (`attend`):
+        `at` says where x's tokens sit (None: from cache.length, or 0 without a cache)."""
         B, T, d = x.shape
         if linear is None:
             qkv = F.linear(x, self.qkv_weight())
         else:
             qkv = linear(x, ("qkv", layer), self.qkv_weight)
         q, k, v = qkv.view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)  # each (B, nh, T, hs)
-        start = where if where is not None else cache.length if cache is not None else 0
+        if at is None:
+            at = cache.length if cache is not None else 0
         if rope is not None:
-            q, k = rope(q, start), rope(k, start)
-        if cache is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        elif where is not None:
-            cache_k, cache_v = cache.k[layer], cache.v[layer]  # (B, nh, max_len, hs)
-            cache_k.index_copy_(2, where, k)
-            cache_v.index_copy_(2, where, v)
-            y = F.scaled_dot_product_attention(q, cache_k, cache_v, attn_mask=mask)  # mask (T, max_len)
-        else:
-            end = start + T
-            cache.k[layer, :, :, start:end] = k
-            cache.v[layer, :, :, start:end] = v
-            k, v = cache.k[layer, :, :, :end], cache.v[layer, :, :, :end]
-            if T == 1:
-                y = F.scaled_dot_product_attention(q, k, v)
-            elif start == 0:
-                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            else:
-                # query i sits at absolute position start + i and sees keys 0 .. start + i
-                mask = torch.ones(T, end, dtype=torch.bool, device=x.device).tril(diagonal=start)
-                y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            positions = at.positions[:, None] if isinstance(at, Rows) else at
+            q, k = rope(q, positions), rope(k, positions)
+        y = attend(q, k, v, *((cache.k[layer], cache.v[layer]) if cache is not None else (None, None)), at, mask)
         y = y.transpose(1, 2).reshape(B, T, d)
         return self.wo(y) if linear is None else linear(y, ("wo", layer), self.wo.weight)
+
+
+class Rows:
+    """Where the rows of a batched decoding step sit: row i's one new token at position
+    positions[i] of cache slot slots[i] (a batch cache's index along its batch dimension), each
+    row attending over its own slot's positions 0 .. positions[i]."""
+
+    def __init__(self, slots: list[int], positions: list[int]):
+        self.slot_list, self.ends = list(slots), [p + 1 for p in positions]
+        self.slots = torch.tensor(self.slot_list, dtype=torch.long)
+        self.positions = torch.tensor(list(positions), dtype=torch.long)
+
+
+def attend(q, k, v, keys=None, values=None, at: int | torch.Tensor | Rows = 0, mask=None) -> torch.Tensor:
+    """Scaled dot-product attention of queries q over keys k and values v (B, nh, T, hs), the one
+    place a forward pass writes a KV cache and calls the attention kernel.
+
+    Without a cache (`keys` None): causal attention over the T positions. With one layer's cache
+    views `keys`, `values` (B, nh, max_len, hs), k and v are written into them first, and `at`
+    says where:
+      an int         positions at .. at + T - 1; the queries see keys 0 .. their own position;
+      a tensor       the T positions it holds (a fixed-shape step: attention covers the whole
+                     cache through `mask` (T, max_len), so every step has the same shapes);
+      `Rows`         one token a row, each at its own position of its own slot (batched decoding).
+    """
+    if keys is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    if isinstance(at, Rows):
+        keys[at.slots, :, at.positions] = k[:, :, 0]
+        values[at.slots, :, at.positions] = v[:, :, 0]
+        return torch.cat([F.scaled_dot_product_attention(q[i : i + 1], keys[s : s + 1, :, :end], values[s : s + 1, :, :end])
+                          for i, (s, end) in enumerate(zip(at.slot_list, at.ends))])
+    if isinstance(at, torch.Tensor):
+        keys.index_copy_(2, at, k)
+        values.index_copy_(2, at, v)
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+    T = q.shape[2]
+    end = at + T
+    keys[:, :, at:end] = k
+    values[:, :, at:end] = v
+    k, v = keys[:, :, :end], values[:, :, :end]
+    if T == 1:
+        return F.scaled_dot_product_attention(q, k, v)
+    if at == 0:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    # query i sits at absolute position at + i and sees keys 0 .. at + i
+    mask = torch.ones(T, end, dtype=torch.bool, device=q.device).tril(diagonal=at)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
 class ReLUSquared(torch.autograd.Function):
@@ -254,8 +284,8 @@ class Block(nn.Module):
         self.ln_2 = make_norm(cfg)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, rope=None, cache=None, layer=0, linear=None, where=None, mask=None):
-        x = x + self.attn(self.ln_1(x), rope, cache, layer, linear, where, mask)
+    def forward(self, x, rope=None, cache=None, layer=0, linear=None, at=None, mask=None):
+        x = x + self.attn(self.ln_1(x), rope, cache, layer, linear, at, mask)
         return x + self.mlp(self.ln_2(x), layer, linear)
 
 
@@ -318,18 +348,18 @@ class ANDREA(nn.Module):
 
     def embed(self, ids: torch.Tensor, start: int | torch.Tensor = 0) -> torch.Tensor:
         """The matrix that enters block 1: wte[ids] + wpe[start : start + T], or wte[ids] +
-        wpe[start] when start is a tensor of T positions."""
+        wpe[start] when start is a tensor of positions: T of them, or one (B, T) per row."""
         x = self.wte(ids)
         if self.config.pos in ("learned", "sinusoidal"):
             table = self.wpe.weight if self.config.pos == "learned" else self.pos_table
             if isinstance(start, torch.Tensor):
-                x = x + table.index_select(0, start)
+                x = x + F.embedding(start, table)
             else:
                 x = x + table[start : start + ids.shape[1]]
         return x
 
     def forward(self, ids: torch.Tensor, targets: torch.Tensor | None = None, cache: KVCache | None = None,
-                linear=None):
+                linear=None, rows: Rows | None = None):
         """Logits (B, T, V) and, with targets, the mean cross-entropy over all positions.
 
         With targets and the loss computed in chunks (`loss_chunk`; the default) the
@@ -338,16 +368,19 @@ class ANDREA(nn.Module):
         the plain `x @ weightᵀ` of every matrix (a decode plan's weight layouts, andrea.decode_plan):
         `key` names the matrix (("qkv", layer), ("wo", layer), ("fc1", layer), ("fc2", layer) or
         "lm_head") and `weight` is the tensor, or a function that makes it (the stacked q/k/v).
+        With `rows` (batched decoding) ids is (B, 1), each row's token at its own position of its
+        own slot of the cache (`Rows`; the caller checks them and keeps each slot's length).
         """
-        start = cache.length if cache is not None else 0
-        self.check_ids(ids, start)
-        if cache is not None:
-            cache.check_fits(ids)
-        x = self.embed(ids, start)
+        if rows is None:
+            start = cache.length if cache is not None else 0
+            self.check_ids(ids, start)
+            if cache is not None:
+                cache.check_fits(ids)
+        x = self.embed(ids, start if rows is None else rows.positions[:, None])
         for i, block in enumerate(self.h):
-            x = block(x, self.rope, cache, i, linear)
+            x = block(x, self.rope, cache, i, linear, rows)
         h = self.ln_f(x)
-        if cache is not None:
+        if cache is not None and rows is None:
             cache.length += ids.shape[1]
         if targets is not None:
             chunk = self.loss_chunk if self.loss_chunk is not None else LOSS_CHUNK if h.is_cuda else CPU_LOSS_CHUNK

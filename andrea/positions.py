@@ -10,6 +10,7 @@ import math
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 
 def sinusoidal_table(n_positions: int, dim: int) -> torch.Tensor:
@@ -43,11 +44,14 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin", angles.sin().float(), persistent=False)
 
     def forward(self, x: torch.Tensor, start: int | torch.Tensor = 0) -> torch.Tensor:
-        """x: (B, H, T, head_dim), positions start .. start + T - 1, or the T positions in the
-        tensor start (looked up on the device, never read back: within the table)."""
+        """x: (B, H, T, head_dim), positions start .. start + T - 1, or those in the tensor start:
+        T positions, or (B, T), each row's own (looked up on the device, never read back: within
+        the table)."""
         T = x.shape[-2]
         if isinstance(start, torch.Tensor):
-            cos, sin = self.cos.index_select(0, start).to(x.dtype), self.sin.index_select(0, start).to(x.dtype)
+            cos, sin = F.embedding(start, self.cos).to(x.dtype), F.embedding(start, self.sin).to(x.dtype)
+            if start.dim() == 2:  # (B, T, hd/2): the same angles for every head of a row
+                cos, sin = cos[:, None], sin[:, None]
         elif start + T > self.cos.shape[0]:
             # beyond the table: compute the angles on the fly (rope extrapolates by formula)
             angles = torch.outer(torch.arange(start, start + T, dtype=torch.float64, device=x.device), self.inv_freq)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from andrea.config import POSITION_SCHEMES, PRESETS, ModelConfig
-from andrea.model import ANDREA, KVCache, ReLUSquared
+from andrea.model import ANDREA, KVCache, ReLUSquared, Rows
 
 TINY = ModelConfig(vocab_size=300, n_embd=32, n_head=4, n_layer=2, block_size=16)
 
@@ -330,6 +330,27 @@ def test_kv_cache_in_chunks_matches_one_forward(pos):
             start += n
         assert cache.length == TINY.block_size
         torch.testing.assert_close(torch.cat(parts, dim=1), full, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("pos", POSITION_SCHEMES)
+def test_rows_at_their_own_positions_and_slots_match_each_sequence_alone(pos):
+    """Batched decoding's step (`Rows`): three sequences of different lengths in slots 2, 0 and 3
+    of a 4-slot cache, each fed its next token at its own position in one forward, give the
+    logits the plain forward gives each whole sequence at that token."""
+    model = build(pos=pos)
+    lengths, slots = [5, 1, 9], [2, 0, 3]
+    seqs = [random_ids(TINY, 1, n + 1, seed=i) for i, n in enumerate(lengths)]
+    cache = KVCache(TINY, batch_size=4)
+    with torch.no_grad():
+        for seq, slot, n in zip(seqs, slots, lengths):  # each prompt into its slot, as BatchDecoder's prefill
+            part = KVCache(TINY, batch_size=1)
+            model(seq[:, :n], cache=part)
+            cache.k[:, slot], cache.v[:, slot] = part.k[:, 0], part.v[:, 0]
+        got = model(torch.cat([s[:, n : n + 1] for s, n in zip(seqs, lengths)]), cache=cache,
+                    rows=Rows(slots, lengths))[0]
+    for i, (seq, n) in enumerate(zip(seqs, lengths)):
+        torch.testing.assert_close(got[i, 0], logits_of(model, seq)[0, n], rtol=0, atol=1e-5)
+    assert cache.length == 0  # the caller keeps each slot's length
 
 
 def logits_of_cached(model, ids, cache):
