@@ -18,6 +18,7 @@ from andrea.errors import AndreaError
 COMMAND_MODULES = [
     "andrea.cli.mainjob",
     "andrea.cli.params",
+    "andrea.cli.doctor",
     "andrea.cli.data",
     "andrea.cli.tokenizer",
     "andrea.cli.train",
@@ -26,8 +27,8 @@ COMMAND_MODULES = [
     "andrea.cli.convert",
     "andrea.cli.lesson",
     "andrea.cli.embed",
+    "andrea.cli.experiment",
     "andrea.cli.lab",
-    "andrea.cli.doctor",
 ]
 
 

@@ -28,3 +28,16 @@ def read_stdin(what: str, limit: int, line: bool = False, advice: str = "give le
     if len(data if data is not None else text) > limit:
         raise AndreaError(f"{what} is longer than {limit >> 20} MiB; {advice}.")
     return text if data is None else utf8_text(data, what)
+
+
+def check_source(args) -> None:
+    """The library speaks of a checkpoint and a preset; the command names its flags."""
+    if args.checkpoint and args.preset:
+        raise AndreaError("give either --checkpoint or --preset, not both.")
+    if not args.checkpoint and not args.preset:
+        raise AndreaError("give --checkpoint PATH (a trained model) or --preset NAME (a freshly initialised one).")
+
+
+def check_positive(value, flag: str) -> None:
+    if value is not None and value < 1:
+        raise AndreaError(f"{flag} must be at least 1, got {value}.")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from andrea.cli.embed import check_source
+from andrea.cli.common import check_source
 
 
 def cmd_lab(args) -> int:

@@ -6,7 +6,7 @@ import argparse
 import math
 import sys
 
-from andrea.cli.common import print_json
+from andrea.cli.common import check_source, print_json
 
 TABLE_NAMES = {"input": "input table (wte)", "output": "output head (lm_head)", "ppmi": "PPMI + SVD reference"}
 
@@ -32,7 +32,6 @@ def _ppmi_data(args):
 
 
 def cmd_similarity(args) -> int:
-    from andrea.cli.embed import check_source
     from andrea.embed import load_subject
     from andrea.errors import AndreaError
     from andrea.usage import STANDALONE_RULE, run_usage
