@@ -29,12 +29,13 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import save_file
 
-from andrea.config import ModelConfig, count_params, is_int, position_table_size
+from andrea.config import ModelConfig, count_params, position_table_size
 from andrea.errors import AndreaError
 from andrea.files import atomic_output, check_regular, parse_json
 from andrea.model import ANDREA, param_shapes
 from andrea.optim import optimizer_order
 from andrea.tokenizer import HarrisTokenizer
+from andrea.validate import is_int
 
 FORMAT = "andrea-checkpoint"
 VERSION = 1

@@ -3,35 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
 from andrea.errors import AndreaError
 from andrea.files import atomic_write_bytes, read_json
+from andrea.validate import check_fields, is_int
 
 POSITION_SCHEMES = ("learned", "sinusoidal", "rope", "none")
 NORMS = ("layernorm", "rmsnorm")
 ACTIVATIONS = ("relu2", "relu", "gelu")
 BOS = 256  # starts every document, ends generation
 N_SPECIAL = 257  # ids 0-255 are bytes, 256 is BOS; segments start at 257
-MAX_SEED = 2**64 - 1  # the largest seed torch's generators take
-
-
-def is_int(value) -> bool:
-    """An integer, and not a bool (JSON's true must not pass for 1)."""
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def is_real(value) -> bool:
-    """An int or a float, and not a bool."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def check_seed(seed, name: str = "seed") -> None:
-    if not is_int(seed) or not 0 <= seed <= MAX_SEED:
-        raise AndreaError(f"{name} must be an integer in 0..2^64-1, got {str(seed)[:40]}.")
-
-
 @dataclass(frozen=True)
 class ModelConfig:
     vocab_size: int = 2305
@@ -82,17 +64,6 @@ class ModelConfig:
     @classmethod
     def load(cls, path) -> "ModelConfig":
         return cls.from_dict(read_json(path, "config file"))
-
-
-def check_fields(data, cls, what: str) -> dict:
-    """data, once it is known to be a dict whose keys are all fields of the dataclass cls."""
-    if not isinstance(data, dict):
-        raise AndreaError(f"a {what} must be a JSON object, got {type(data).__name__}.")
-    known = [f.name for f in fields(cls)]
-    unknown = sorted(set(data) - set(known))
-    if unknown:
-        raise AndreaError(f"unknown {what} field(s): {', '.join(unknown)}; known: {', '.join(known)}.")
-    return data
 
 
 PRESETS: dict[str, ModelConfig] = {
@@ -168,73 +139,3 @@ def position_table_size(cfg: ModelConfig) -> int:
     if cfg.pos == "rope":
         return cfg.block_size * cfg.head_dim
     return 0
-
-
-# ---------------------------------------------------------------- memory, counted before it is taken
-
-FLOAT_BYTES = 4  # weights, gradients and moments are float32
-LAYER_BYTES = 32_768  # the Python objects of one block's modules (measured: about 36 KB)
-
-
-def model_bytes(cfg: ModelConfig) -> int:
-    """Bytes a model of cfg takes in memory: its weights, its computed position tables and its
-    blocks' Python objects (which a model of a million tiny layers is mostly made of)."""
-    return FLOAT_BYTES * (count_params(cfg) + position_table_size(cfg)) + LAYER_BYTES * cfg.n_layer
-
-
-def training_bytes(cfg: ModelConfig, micro_batch: int, seq_len: int, loss_rows: int | None = None) -> int:
-    """A lower bound on the bytes one training process holds: the model, its gradients and two
-    Adam moments; per micro-batch the windows (int64) and, per token and layer, the sixteen d-wide
-    activations a block keeps for the backward pass (its input, the first norm's output, q, k
-    and v, attention's output, the residual sum, the second norm's output, and the MLP's two
-    4d-wide ones); and the loss's logits: whole, they and their log-softmax (2 × tokens × V);
-    in blocks of `loss_rows` rows, one block and the gradient of the final norm's output."""
-    tokens = micro_batch * seq_len
-    if loss_rows is None or loss_rows >= tokens:
-        logits = 2 * tokens * cfg.vocab_size
-    else:
-        logits = loss_rows * cfg.vocab_size + tokens * cfg.n_embd
-    return (model_bytes(cfg) + 3 * FLOAT_BYTES * count_params(cfg) + 16 * micro_batch * (seq_len + 1)
-            + FLOAT_BYTES * 16 * tokens * cfg.n_layer * cfg.n_embd + FLOAT_BYTES * logits)
-
-
-def available_memory() -> int | None:
-    """Bytes of memory this process can still take: the kernel's MemAvailable, within the
-    process's control group's limit where it has one; None where neither can be read."""
-    have = None
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    have = int(line.split()[1]) * 1024
-                    break
-    except (OSError, ValueError, IndexError):
-        pass
-    if have is None:
-        try:
-            have = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (ValueError, OSError, AttributeError):
-            pass
-    try:
-        with open("/sys/fs/cgroup/memory.max") as f:
-            limit = f.read().strip()
-        with open("/sys/fs/cgroup/memory.current") as f:
-            left = int(limit) - int(f.read()) if limit.isdigit() else None
-        if left is not None:
-            have = left if have is None else min(have, left)
-    except (OSError, ValueError):
-        pass
-    return have
-
-
-def _gb(n: int) -> str:
-    return f"{n / 1e9:,.1f} GB" if n >= 1e8 else f"{n / 1e6:,.0f} MB"
-
-
-def check_memory(need: int, what: str, advice: str, have: int | None = None, where: str = "this machine") -> None:
-    """Refuse, in one sentence, work that needs more memory than there is (`have`, default what
-    available_memory finds); where it cannot be known, nothing is refused."""
-    have = available_memory() if have is None else have
-    if have is not None and need > have:
-        raise AndreaError(f"{what} needs at least {_gb(need)} of memory, but {where} has {_gb(max(0, have))} available; "
-                          f"{advice}.")

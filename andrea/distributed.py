@@ -14,9 +14,9 @@ from contextlib import nullcontext
 import torch
 import torch.distributed as dist
 
-from andrea.config import ModelConfig, check_memory, training_bytes
+from andrea.config import ModelConfig
 from andrea.errors import AndreaError
-from andrea.model import CPU_LOSS_CHUNK, LOSS_CHUNK, meta_model
+from andrea.model import meta_model, tune_for_training
 from andrea.optim import param_groups, param_names_in_order
 
 
@@ -102,30 +102,6 @@ def load_optimizer_state(optimizer, state: dict, train_model, recipe: str, fsdp:
     keyed = {"state": {names[int(i)]: v for i, v in state["state"].items()},
              "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]} for g in state["param_groups"]]}
     set_optimizer_state_dict(train_model, optimizer, keyed, options=full_options())
-
-
-def check_training_memory(model_cfg: ModelConfig, cfg, micro: int, device: torch.device) -> None:
-    """Refuse, before anything is built, a run whose model and micro-batch cannot fit: counted by
-    arithmetic (`andrea.config.training_bytes`), against the GPU's free memory or the machine's."""
-    cuda = device.type == "cuda"
-    need = training_bytes(model_cfg, micro, cfg.seq_len, LOSS_CHUNK if cuda else CPU_LOSS_CHUNK)
-    have = torch.cuda.mem_get_info(device)[0] if cuda else None
-    check_memory(need, f"training this model on micro-batches of {micro:,} × {cfg.seq_len:,} tokens", "lower "
-                 "--batch-size, or give --micro-batch so that gradients accumulate over smaller batches, or choose a "
-                 "smaller model", have=have, where="the GPU" if cuda else "this machine")
-
-
-def tune_for_training(model, device: torch.device) -> None:
-    """What the training step sets on the model for its device. On CUDA: TF32 matmuls and the
-    head's matmul padded to 64 rows (tensor cores' tiles). On a CPU: padded to 16 rows, so that
-    every row of the logits starts on a 64-byte line (6,401 floats a row leave all but the first
-    off it, and the head's three matmuls run well below the machine's rate; `bench_train.py`)."""
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-        model.vocab_multiple = 64
-    elif device.type == "cpu":
-        model.vocab_multiple = 16
 
 
 def wrap_model(model, device: torch.device, world: int, fsdp: bool):

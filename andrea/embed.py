@@ -37,12 +37,13 @@ import numpy as np
 import torch
 
 from andrea.checkpoint import load_model
-from andrea.config import BOS, N_SPECIAL, check_seed, get_preset, norm_params, param_rows
+from andrea.config import BOS, N_SPECIAL, get_preset, norm_params, param_rows
 from andrea.errors import AndreaError, longer_than_context
 from andrea.generate import TextGenerator, stream_ids
 from andrea.model import ANDREA
 from andrea.tokenizer import HarrisTokenizer, label_bytes
 from andrea.usage import STANDALONE_RULE
+from andrea.validate import check_seed
 from andrea.vectors import cosine_matrix, nearest, pca_2d, tsne_2d, vector_stats, whole_word_mask
 
 TABLES = ("input", "output")

@@ -32,9 +32,10 @@ from typing import Iterator
 import torch
 
 from andrea.checkpoint import load_model
-from andrea.config import BOS, check_seed
+from andrea.config import BOS
 from andrea.decode_plan import MODES, DecodePlan
 from andrea.errors import AndreaError
+from andrea.validate import check_seed
 
 
 def window_keep(block_size: int) -> int:

@@ -94,8 +94,7 @@ def time_cpu_step(job: MainJob | None = None, steps: int = 3, warmup: int = 1) -
     # imported when this is asked: the command line imports this module to build its parser, without torch
     import torch
 
-    from andrea.distributed import tune_for_training
-    from andrea.model import ANDREA
+    from andrea.model import ANDREA, tune_for_training
     from andrea.optim import make_optimizer
 
     job = job or MainJob.on("cpu")

@@ -14,9 +14,9 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from andrea.config import is_int, is_real
 from andrea.errors import AndreaError
 from andrea.files import open_regular, parse_json, write_error_reason
+from andrea.validate import is_int, is_real
 
 
 class Meter:

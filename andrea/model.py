@@ -17,8 +17,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from andrea.config import ModelConfig, check_memory, count_params, model_bytes
+from andrea.config import ModelConfig, count_params
 from andrea.errors import AndreaError, longer_than_context
+from andrea.memory import check_memory, model_bytes
 from andrea.positions import RotaryEmbedding, sinusoidal_table
 
 
@@ -383,7 +384,7 @@ class ANDREA(nn.Module):
         if cache is not None and rows is None:
             cache.length += ids.shape[1]
         if targets is not None:
-            chunk = self.loss_chunk if self.loss_chunk is not None else LOSS_CHUNK if h.is_cuda else CPU_LOSS_CHUNK
+            chunk = self.loss_chunk if self.loss_chunk is not None else loss_chunk_rows(h.device)
             if chunk > 0:
                 return None, chunked_cross_entropy(h, self.lm_head.weight, targets, chunk, self.vocab_multiple)
         logits = self.head(h) if linear is None else linear(h, "lm_head", self.lm_head.weight)
@@ -417,6 +418,24 @@ class ANDREA(nn.Module):
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+
+def tune_for_training(model, device: torch.device) -> None:
+    """What the training step sets on the model for its device. On CUDA: TF32 matmuls and the
+    head's matmul padded to 64 rows (tensor cores' tiles). On a CPU: padded to 16 rows, so that
+    every row of the logits starts on a 64-byte line (6,401 floats a row leave all but the first
+    off it, and the head's three matmuls run well below the machine's rate; `bench_train.py`)."""
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        model.vocab_multiple = 64
+    elif device.type == "cpu":
+        model.vocab_multiple = 16
+
+
+def loss_chunk_rows(device) -> int:
+    """Rows of logits per block of the training loss on `device` (`chunked_cross_entropy`)."""
+    return LOSS_CHUNK if torch.device(device).type == "cuda" else CPU_LOSS_CHUNK
 
 
 @functools.lru_cache(maxsize=4)

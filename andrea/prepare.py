@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from andrea import forkpool
-from andrea.config import BOS, is_int
+from andrea.config import BOS
 from andrea.errors import AndreaError
 from andrea.files import (
     FolderLock,
@@ -47,6 +47,7 @@ from andrea.shards import (
     write_shard,
 )
 from andrea.sources import CHUNK_BYTES, DOC_BYTES, PIECE_BYTES, VAL_SHARE, documents, resolve, tasks
+from andrea.validate import is_int
 
 SHARD_TOKENS = 100_000_000  # training tokens per shard (a 200 MB file), by default
 MIN_SHARD_TOKENS, MAX_SHARD_TOKENS = 1_000, 2**40  # the shard size prepare accepts

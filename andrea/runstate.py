@@ -11,10 +11,10 @@ import numpy as np
 import torch
 
 from andrea.checkpoint import Checkpoint, load_checkpoint
-from andrea.config import is_int, is_real
 from andrea.distributed import check_optimizer_fits
 from andrea.errors import AndreaError
 from andrea.trainconfig import TrainConfig
+from andrea.validate import is_int, is_real
 
 
 class SMMA:

@@ -41,7 +41,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from andrea.config import is_int
 from andrea.errors import AndreaError
 from andrea.files import (
     atomic_write_bytes,
@@ -49,6 +48,7 @@ from andrea.files import (
     read_json,
 )
 from andrea.tokenizer import HarrisTokenizer
+from andrea.validate import is_int
 
 MAGIC = b"ANDREATK"
 VERSION = 1

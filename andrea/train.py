@@ -62,7 +62,6 @@ from andrea.curriculum import make_curriculum, pick_source
 from andrea.distributed import (
     all_finite,
     any_rank,
-    check_training_memory,
     clip_gradients,
     full_optim_state,
     full_state,
@@ -83,8 +82,9 @@ from andrea.files import (
 )
 from andrea.flops import flops_per_token, peak_flops
 from andrea.generate import generate_ids
+from andrea.memory import check_training_memory
 from andrea.metrics import Meter, append_row
-from andrea.model import ANDREA
+from andrea.model import ANDREA, loss_chunk_rows
 from andrea.optim import lr_at, make_optimizer
 from andrea.plots import plot_curriculum, plot_losses
 from andrea.processor import bf16_verdict, processor_line
@@ -197,7 +197,7 @@ class Run:
         check_validation(data, self.names, cfg.seq_len)
         verify_shards(data, log if self.master else None, save=self.master)
         self.per_rank, self.micro, self.accum = batch_split(cfg, self.world)
-        check_training_memory(model_cfg, cfg, self.micro, self.device)
+        check_training_memory(model_cfg, cfg.seq_len, self.micro, self.device, loss_chunk_rows(self.device))
         self.lock = None
         if self.master:
             check_writable(self.out, "the run folder")

@@ -31,10 +31,11 @@ import json
 import math
 from dataclasses import asdict, dataclass, field, fields, replace
 
-from andrea.config import MAX_SEED, PRESETS, check_fields, is_int, is_real
+from andrea.config import PRESETS
 from andrea.curriculum import DEFAULT_C, DEFAULT_REROLL, MODES, REWARDS, Curriculum
 from andrea.errors import AndreaError
 from andrea.files import atomic_write_bytes, parse_json, read_json
+from andrea.validate import MAX_SEED, check_fields, is_int, is_real
 
 # The recipes (andrea.optim builds their optimizers) and each one's peak learning rate when a
 # config names none. They live here, with no torch import, so that the command line's parser

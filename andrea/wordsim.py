@@ -45,10 +45,11 @@ from pathlib import Path
 import numpy as np
 
 from andrea.cache import wordsets_dir
-from andrea.config import BOS, is_int
+from andrea.config import BOS
 from andrea.embed import table
 from andrea.errors import AndreaError
 from andrea.files import check_regular, read_json, utf8_text
+from andrea.validate import is_int
 from andrea.vectors import cosine, unit_rows, whole_word_mask
 
 WORDSETS_PIP = ["gensim==4.4.0", "--platform", "manylinux_2_28_x86_64", "--python-version", "3.11",

@@ -68,9 +68,9 @@ def child(rounds: int, steps: int) -> dict:
     import torch.nn.functional as F
     from bench_train import build_peer, make_step, time_steps
 
-    from andrea.distributed import tune_for_training
     from andrea.mainjob import MainJob
     from andrea.model import ANDREA as Model
+    from andrea.model import tune_for_training
     from andrea.optim import make_optimizer
     from andrea.processor import measure
 

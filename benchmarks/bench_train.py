@@ -1,7 +1,7 @@
 """Training-step throughput of ANDREA against transformers' GPT2LMHeadModel of the same shape.
 
 One step = forward, mean cross-entropy, backward, AdamW step; fp32 on the CPU with every core.
-andrea runs as `andrea train` sets it up (`andrea.distributed.tune_for_training`: the head's matmul
+andrea runs as `andrea train` sets it up (`andrea.model.tune_for_training`: the head's matmul
 padded to 16 rows; the loss in blocks of rows, `andrea.model.ChunkedCrossEntropy`).
 The peer has the same width, depth, heads, context and vocabulary, an untied head, the same
 activation (relu2 where ANDREA uses it), no dropout and SDPA attention; it differs in having
@@ -44,8 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from common import cpu_name  # noqa: E402  (benchmarks/common.py, beside this script)
 
 from andrea.config import PRESETS, count_params  # noqa: E402
-from andrea.distributed import tune_for_training  # noqa: E402
-from andrea.model import ANDREA  # noqa: E402
+from andrea.model import ANDREA, tune_for_training  # noqa: E402
 
 PEER_ACTIVATION = {"relu2": "relu2", "relu": "relu", "gelu": "gelu"}
 PEER = "gpt2 (transformers)"

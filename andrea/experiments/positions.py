@@ -37,13 +37,14 @@ import torch.nn.functional as F
 
 from andrea.cache import shards_dir
 from andrea.checkpoint import load_model
-from andrea.config import ModelConfig, check_seed, get_preset
+from andrea.config import ModelConfig, get_preset
 from andrea.errors import AndreaError
 from andrea.evaluate import bits_per_byte, token_byte_lengths
 from andrea.plots import pyplot, save_figure
 from andrea.shards import TokenData
 from andrea.train import train
 from andrea.trainconfig import MAX_BATCH, MAX_INT, TrainConfig
+from andrea.validate import check_seed
 
 SCHEMES = ("learned", "sinusoidal", "rope", "none")
 

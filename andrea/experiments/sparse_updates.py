@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from andrea.config import ModelConfig, check_seed
+from andrea.config import ModelConfig
 from andrea.errors import AndreaError
 from andrea.files import atomic_write_bytes
 from andrea.model import ANDREA
@@ -49,6 +49,7 @@ from andrea.optim import make_optimizer
 from andrea.plots import pyplot, save_figure
 from andrea.shards import TokenData
 from andrea.tokenizer_train import train_tokenizer
+from andrea.validate import check_seed
 
 OPTIMIZERS = ("sgd", "adam", "adamw", "v3")
 LABELS = {"sgd": "SGD", "adam": "Adam (v1)", "adamw": "AdamW (v2)", "v3": "Muon + AdamW (v3)"}

@@ -44,9 +44,10 @@ import json
 import threading
 from pathlib import Path
 
-from andrea.config import BOS, is_int
+from andrea.config import BOS
 from andrea.errors import AndreaError, longer_than_context
 from andrea.generate import chat_prompt_ids
+from andrea.validate import is_int
 from andrea.web.http import Guard, Limits, RequestError, UvicornServer, bind, check_text, loopback_hosts, read_body
 from andrea.web.protocol import (
     CHAT_FIELDS,

@@ -37,9 +37,9 @@ import sys
 import threading
 import time
 
-from andrea.config import is_int, is_real
 from andrea.errors import AndreaError
 from andrea.files import parse_json
+from andrea.validate import is_int, is_real
 
 BODY_SECONDS = 30.0  # a request body must arrive within this
 HEAD_SECONDS = 10.0  # a request's line and headers must arrive within this

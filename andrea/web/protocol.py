@@ -18,7 +18,7 @@ import json
 import time
 import uuid
 
-from andrea.config import MAX_SEED
+from andrea.validate import MAX_SEED
 from andrea.web.http import Fields, RequestError, check_text
 
 MAX_TOKENS = 4_096  # the most tokens one reply may ask for
