@@ -18,6 +18,15 @@ lock, removes those whose process is no longer alive.
 Everything andrea reads from a path it is given must be a regular file (`check_regular`): a FIFO
 would block the reader forever and a device such as /dev/zero never ends, so both are refused
 with one sentence before they are opened.
+
+An `.npz` andrea wrote and reads back (`read_npz`) is believed only member by member: each
+member's `.npy` header is read first and its dtype, shape and byte count compared with what the
+reader expects, the sum bounded, before any data is decompressed; then exactly that many bytes
+are read. A file whose headers claim 10^11 values, or whose few megabytes inflate to gigabytes,
+costs nothing before it is refused.
+
+`FolderLock` never writes through a link: a `.lock` that is a symbolic link, a hard link to
+another file or no regular file at all is refused, so no file outside it is ever written.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ import os
 import re
 import secrets
 import stat
+import zipfile
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -331,9 +341,17 @@ class FolderLock:
     def __init__(self, folder, what: str = "the folder", hint: str = ""):
         self.path = Path(folder) / self.NAME
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
         except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise AndreaError(f"cannot lock {what} {folder}: its {self.NAME} is a symbolic link, which andrea "
+                                  f"never writes through; remove it.") from None
             raise AndreaError(f"cannot lock {what} {folder} ({write_error_reason(e)}).") from None
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:  # a FIFO, a device, a hard link to another file
+            os.close(fd)
+            raise AndreaError(f"cannot lock {what} {folder}: its {self.NAME} is not a regular file of its own; "
+                              f"remove it.")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
@@ -371,3 +389,61 @@ def _read_owner(fd: int) -> int | None:
     except OSError:
         return None
     return int(text) if text.isdigit() else None
+
+
+NPZ_LIMIT = 1 << 31  # bytes of arrays one .npz read may hold in all
+
+
+def read_npz(path, members: dict, what: str = "file", limit: int = NPZ_LIMIT) -> dict:
+    """The arrays of an .npz file, each checked before its data is read; else an AndreaError.
+
+    `members` maps each name to (dtype, shape): dtype a numpy dtype name ("int64") or "str" (a
+    unicode string array of at most 256 characters an item), shape a tuple of ints. A member
+    missing, of another dtype or shape, stored in Fortran order or holding objects is refused from
+    its header, as is a file whose members come to more than `limit` bytes; the data read is
+    exactly what the header declares, so a member that inflates to more is never inflated."""
+    path = check_regular(path, what)
+    try:
+        with zipfile.ZipFile(path) as z:
+            plan = [(name, _npz_header(z, name, spec, path, what)) for name, spec in members.items()]
+            if sum(header[2] for _, header in plan) > limit:
+                raise AndreaError(f"{what} {path} holds more than {limit:,} bytes of arrays, more than it can.")
+            return {name: _npz_data(z, name, header, path, what) for name, header in plan}
+    except (OSError, zipfile.BadZipFile, EOFError, ValueError, RuntimeError, NotImplementedError) as e:
+        raise AndreaError(f"{what} {path} is not a readable .npz file ({str(e)[:80] or type(e).__name__}).") from None
+
+
+def _npz_header(z, name: str, spec, path, what):
+    """(dtype, shape, bytes) of member `name` from its .npy header, once they are what `spec` says."""
+    import numpy as np
+
+    want_dtype, want_shape = spec
+    try:
+        f = z.open(f"{name}.npy")
+    except KeyError:
+        raise AndreaError(f"{what} {path} has no array '{name}'.") from None
+    with f:
+        version = np.lib.format.read_magic(f)
+        if version not in ((1, 0), (2, 0)):
+            raise AndreaError(f"{what} {path}: array '{name}' is in .npy format {version}, which andrea does not read.")
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, fortran, dtype = read(f)
+        start = f.tell()
+    ok_dtype = (dtype.kind == "U" and dtype.itemsize <= 4 * 256) if want_dtype == "str" else dtype == np.dtype(want_dtype)
+    if fortran or dtype.hasobject or not ok_dtype or tuple(shape) != tuple(want_shape):
+        raise AndreaError(f"{what} {path}: array '{name}' is {dtype} of shape {tuple(shape)}, not "
+                          f"{want_dtype} of shape {tuple(want_shape)}.")
+    nbytes = dtype.itemsize * int(np.prod(shape, dtype=object))
+    return dtype, tuple(shape), nbytes, start
+
+
+def _npz_data(z, name: str, header, path, what):
+    import numpy as np
+
+    dtype, shape, nbytes, start = header
+    with z.open(f"{name}.npy") as f:
+        f.read(start)
+        data = f.read(nbytes)
+    if len(data) != nbytes:
+        raise AndreaError(f"{what} {path}: array '{name}' is cut short.")
+    return np.frombuffer(data, dtype=dtype).reshape(shape).copy()

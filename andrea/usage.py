@@ -18,26 +18,36 @@ training data is known: tokens that mostly stand alone (STANDALONE, 80% of their
 seen often enough (MIN_USES, 20) for their rows to have learned something.
 
 The figures are computed once per data folder (a few seconds per 10 million tokens) and kept
-beside its manifest in `usage.npz`, tagged with the manifest's SHA-256, so a folder prepared
-again is counted again and a lookup afterwards costs nothing.
+beside its manifest in `usage.npz`, tagged with the manifest's SHA-256 and the fingerprint of the
+tokenizer that read its tokens, so a folder prepared again is counted again and a lookup
+afterwards costs nothing.
+
+What is read back is checked, not believed: the tag is no secret, so `usage.npz` is read through
+`andrea.files.read_npz` (every array's dtype and shape, known from V, checked from its header
+before its data is read) and its figures must be consistent (counts non-negative, no more
+standalone uses or continuations than uses, continuation ids below V and in -1's place only
+after the last one); a file that is not is counted again and rewritten. The counting itself reads
+only shards `andrea.shards.verify_shards` passes (ids below V, SHA-256 as recorded), and only
+with the tokenizer the folder was prepared with: a tokenizer of another fingerprint, even of the
+same V, would judge words by other pieces, so it is refused in one sentence. A kill during the
+write leaves a temporary file, removed by the next write.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from andrea.errors import AndreaError
-from andrea.files import atomic_write_bytes, check_regular, read_json
-from andrea.shards import TokenData
+from andrea.files import atomic_write_bytes, check_regular, read_json, read_npz, remove_dead_temps
+from andrea.shards import TokenData, verify_shards
 
 USAGE_FILE = "usage.npz"
-USAGE_VERSION = 1
+USAGE_VERSION = 2
 TOP = 8  # continuations kept per token
 STANDALONE = 0.8  # a token "stands alone" when it does in at least this share of its uses ...
 MIN_USES = 20  # ... and was seen at least this often
@@ -174,24 +184,36 @@ def _manifest_tag(data_dir: Path) -> str:
     return hashlib.sha256(check_regular(data_dir / "manifest.json", "manifest").read_bytes()).hexdigest()
 
 
-def _read(path: Path, tag: str, vocab_size: int) -> Usage | None:
-    """The kept figures, or None where there are none, they are stale or damaged."""
+def _members(vocab_size: int) -> dict:
+    return {"meta": ("str", (3,)), "count": ("int64", (vocab_size,)), "alone": ("int64", (vocab_size,)),
+            "next_ids": ("int32", (vocab_size, TOP)), "next_counts": ("int64", (vocab_size, TOP))}
+
+
+def _read(path: Path, tag: str, tokenizer_fp: str, vocab_size: int) -> Usage | None:
+    """The kept figures, or None where there are none, or they are stale, damaged or inconsistent."""
+    if not path.exists() and not path.is_symlink():
+        return None
     try:
-        check_regular(path, "usage file")
-        with np.load(path, allow_pickle=False) as z:
-            arrays = {name: z[name] for name in ("meta", "count", "alone", "next_ids", "next_counts")}
-    except (AndreaError, OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError):
+        arrays = read_npz(path, _members(vocab_size), "usage file")
+    except AndreaError:
         return None
     meta = arrays.pop("meta")
-    if meta.shape != (2,) or str(meta[0]) != str(USAGE_VERSION) or str(meta[1]) != tag:
+    if [str(m) for m in meta] != [str(USAGE_VERSION), tag, tokenizer_fp]:
         return None
     usage = Usage(**arrays)
-    shapes = (usage.count.shape, usage.alone.shape, usage.next_ids.shape[:1], usage.next_counts.shape)
-    if shapes != ((vocab_size,), (vocab_size,), (vocab_size,), usage.next_ids.shape):
-        return None
-    if (usage.count < 0).any() or (usage.alone > usage.count).any() or (usage.next_ids >= vocab_size).any():
-        return None
-    return usage
+    return usage if _consistent(usage) else None
+
+
+def _consistent(u: Usage) -> bool:
+    """Whether figures could have come from counting: see the module docstring."""
+    if (u.count < 0).any() or (u.alone < 0).any() or (u.alone > u.count).any():
+        return False
+    ids, counts = u.next_ids, u.next_counts
+    if (ids < -1).any() or (ids >= u.vocab_size).any() or (counts < 0).any() or ((ids < 0) != (counts == 0)).any():
+        return False
+    if (ids[:, 1:] >= 0).any() and ((ids[:, 1:] >= 0) & (ids[:, :-1] < 0)).any():
+        return False  # a continuation after an empty place
+    return bool((counts.sum(axis=1) <= u.count - u.alone).all())
 
 
 def run_data(checkpoint, vocab_size: int | None = None) -> tuple[TokenData | None, str]:
@@ -230,20 +252,28 @@ def run_usage(checkpoint, tokenizer=None, log=None) -> tuple[Usage | None, str]:
 
 def data_usage(data, tokenizer=None, log=None) -> Usage:
     """The usage figures of a prepared data folder (`andrea.shards.TokenData`): read from its
-    usage.npz when that matches the manifest, else counted and kept there (written atomically;
-    a folder that cannot be written to still gets its figures)."""
+    usage.npz when that matches the manifest and passes every check, else counted and kept there
+    (written atomically; a folder that cannot be written to still gets its figures). A tokenizer
+    other than the folder's own is refused (see the module docstring)."""
+    fp = data.manifest["tokenizer"]
+    if tokenizer is not None and hasattr(tokenizer, "fingerprint") and tokenizer.fingerprint() != fp:
+        raise AndreaError(f"{data.dir} was prepared with another tokenizer than this one (fingerprint {str(fp)[:16]}..., "
+                          f"this one {tokenizer.fingerprint()[:16]}...), so how its tokens are used says nothing "
+                          f"about this tokenizer's; use the tokenizer it was prepared with")
     path = data.dir / USAGE_FILE
     tag = _manifest_tag(data.dir)
-    kept = _read(path, tag, data.vocab_size)
+    kept = _read(path, tag, fp, data.vocab_size)
     if kept is not None:
         return kept
     tokenizer = tokenizer or data.load_tokenizer()
+    verify_shards(data, log=log)
     if log:
         log(f"counting how each token is used in {data.dir} (once; kept in {USAGE_FILE})")
     usage = count_usage(_texts(data), data.vocab_size, starts_word(tokenizer))
     buf = io.BytesIO()
-    np.savez(buf, meta=np.array([str(USAGE_VERSION), tag]), count=usage.count, alone=usage.alone,
+    np.savez(buf, meta=np.array([str(USAGE_VERSION), tag, fp]), count=usage.count, alone=usage.alone,
              next_ids=usage.next_ids, next_counts=usage.next_counts)
+    remove_dead_temps(data.dir)  # a usage write a kill cut short (a live writer's file is kept)
     try:
         atomic_write_bytes(path, buf.getvalue())
     except (OSError, AndreaError) as e:

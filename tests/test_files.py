@@ -63,6 +63,28 @@ def test_the_lock_is_released_when_a_run_ends(text_data, text_model_json, text_r
     FolderLock(out, "the run folder").release()  # free again
 
 @pytest.mark.hostile
+def test_a_lock_that_is_a_link_or_no_file_of_its_own_is_refused_and_what_it_names_is_untouched(
+        text_data, text_model_json, tmp_path, capsys):
+    precious = tmp_path / "precious.txt"
+    for kind in ("symlink", "hardlink", "fifo", "dangling"):
+        precious.write_text("kept\n")
+        for command, folder in (("train", tmp_path / f"run-{kind}"), ("prepare", tmp_path / f"data-{kind}")):
+            folder.mkdir()
+            lock = folder / ".lock"
+            {"symlink": lambda: lock.symlink_to(precious), "hardlink": lambda: os.link(precious, lock),
+             "fifo": lambda: os.mkfifo(lock), "dangling": lambda: lock.symlink_to(tmp_path / "nowhere")}[kind]()
+            if command == "train":
+                code, _, err = cli(capsys, *text_train_args(text_data, text_model_json, folder))
+            else:
+                (tmp_path / "a.txt").write_text("a cat sat.\n" * 50)
+                code, _, err = cli(capsys, "prepare", str(tmp_path / "a.txt"), "--out", str(folder), "--tokenizer",
+                                   str(text_data / "tokenizer"), "--no-progress")
+            assert ".lock" in one_sentence(code, err), (kind, command)
+            assert precious.read_text() == "kept\n" and not (tmp_path / "nowhere").exists()
+            assert not (folder / "latest.safetensors").exists() and not (folder / "manifest.json").exists()
+
+
+@pytest.mark.hostile
 def test_one_json_reader_turns_python_limits_into_one_sentence(tmp_path):
     from andrea.files import MAX_JSON_DEPTH, parse_json, read_json
 

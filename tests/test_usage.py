@@ -115,3 +115,126 @@ def test_neighbours_say_how_the_word_is_used_and_whole_words_mean_standalone_one
     assert main(["embed", "neighbors", "--checkpoint", str(run), "cat", "--whole-words"]) == 0
     text = capsys.readouterr().out
     assert "␣cat stands alone in 25% of its" in text and "␣cat+s (75%)" in text and "standing alone" in text
+
+
+# ---------------------------------------------------------------- usage.npz read back, checked before believed
+
+def _folder(tmp_path, text=" cats cat dog.\n\n" * 8000, tok=TOK):
+    (tmp_path / "a.txt").write_text(text)
+    out = tmp_path / "data"
+    prepare(tok, [str(tmp_path / "a.txt")], out, log=lambda *a: None, progress=False, val_share=0.1)
+    return out
+
+
+def _forged(path, **changes):
+    """usage.npz as andrea wrote it (its own tag kept: anyone can compute it) with members changed."""
+    with np.load(path, allow_pickle=False) as z:
+        members = {k: z[k] for k in z.files}
+    members.update(changes)
+    np.savez(path, **{k: v for k, v in members.items() if v is not None})
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("case", ["1-d continuations", "3-d continuations", "float counts", "string counts",
+                                  "NaN", "negative", "alone above count", "ids past V", "member missing",
+                                  "continuations beyond the uses", "object array"])
+def test_a_usage_file_with_the_right_tag_but_wrong_arrays_is_counted_again(tmp_path, case):
+    out = _folder(tmp_path)
+    truth = data_usage(TokenData(out), TOK)
+    path = out / USAGE_FILE
+    V = TOK.vocab_size
+    forged = {"1-d continuations": {"next_ids": np.zeros(V, np.int32)},
+              "3-d continuations": {"next_counts": np.zeros((V, 8, 2), np.int64)},
+              "float counts": {"count": truth.count.astype(np.float64)},
+              "string counts": {"count": truth.count.astype(str)},
+              "NaN": {"alone": np.full(V, np.nan)},
+              "negative": {"count": -truth.count},
+              "alone above count": {"alone": truth.count + 1},
+              "ids past V": {"next_ids": np.where(truth.next_ids >= 0, V + 7, -1).astype(np.int32)},
+              "member missing": {"alone": None},
+              "continuations beyond the uses": {"next_counts": truth.next_counts * 1000},
+              "object array": {"count": np.array([None] * V, dtype=object)}}[case]
+    _forged(path, **forged)
+    again = data_usage(TokenData(out), TOK)  # neither a traceback nor the forged figures
+    for a, b in ((again.count, truth.count), (again.alone, truth.alone), (again.next_ids, truth.next_ids),
+                 (again.next_counts, truth.next_counts)):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+    assert data_usage(TokenData(out), TOK).count.sum() == truth.count.sum()  # rewritten: read back as counted
+
+
+@pytest.mark.hostile
+def test_a_usage_file_whose_headers_claim_more_than_v_or_inflate_costs_nothing_before_it_is_refused(tmp_path):
+    import resource
+    import zipfile
+
+    out = _folder(tmp_path)
+    truth = data_usage(TokenData(out), TOK)
+    path = out / USAGE_FILE
+    with np.load(path) as z:
+        meta = z["meta"]
+    # a header that claims 10^11 values, then 600 MB of compressed zeros in a member of the right header
+    header = np.lib.format.header_data_from_array_1_0(np.zeros(1, np.int64))
+    for shape, zeros in (((10**11,), 16), ((TOK.vocab_size,), 6 * 10**8)):
+        with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+            z.writestr("meta.npy", _npy(meta))
+            with z.open("count.npy", "w", force_zip64=True) as f:
+                np.lib.format.write_array_header_1_0(f, {**header, "shape": shape})
+                block = bytes(1 << 24)
+                for _ in range(zeros // len(block) + 1):
+                    f.write(block)
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        again = data_usage(TokenData(out), TOK)
+        grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+        assert np.array_equal(again.count, truth.count) and grown_mb < 200
+
+
+def _npy(a):
+    import io
+
+    buf = io.BytesIO()
+    np.save(buf, a)
+    return buf.getvalue()
+
+
+@pytest.mark.hostile
+def test_a_folder_prepared_with_another_tokenizer_of_the_same_v_is_not_counted_with_this_one(tmp_path):
+    from andrea.errors import AndreaError
+
+    other = HarrisTokenizer([" cot", "z", " dig", "úx", "ohgery"])
+    assert other.vocab_size == TOK.vocab_size and other.fingerprint() != TOK.fingerprint()
+    out = _folder(tmp_path)
+    with pytest.raises(AndreaError, match="prepared with another tokenizer"):
+        data_usage(TokenData(out), other)
+    assert not (out / USAGE_FILE).exists()  # nothing wrong kept for later lessons to trust
+    first = data_usage(TokenData(out), TOK)
+    with pytest.raises(AndreaError, match="prepared with another tokenizer"):
+        data_usage(TokenData(out), other)  # a kept file changes nothing
+    # a kept file that records another tokenizer than the manifest's is counted again
+    with np.load(out / USAGE_FILE) as z:
+        meta = z["meta"]
+    _forged(out / USAGE_FILE, meta=np.array([meta[0], meta[1], other.fingerprint()]),
+            count=first.count * 2, alone=first.alone * 2)
+    assert np.array_equal(data_usage(TokenData(out), TOK).count, first.count)
+
+
+@pytest.mark.hostile
+def test_a_shard_id_past_v_ends_usage_counting_in_one_sentence_and_a_killed_write_leaves_nothing(tmp_path):
+    import subprocess
+    import sys
+
+    from andrea.errors import AndreaError
+
+    out = _folder(tmp_path)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    leftover = out / f"{USAGE_FILE}.tmp-{int(dead.stdout)}-0123abcd"
+    leftover.write_bytes(b"half a usage file")
+    data_usage(TokenData(out), TOK)
+    assert not leftover.exists()
+    (out / USAGE_FILE).unlink()
+    (out / "verified.json").unlink()
+    shard = next(out.glob("*.train.*.tok"))
+    raw = bytearray(shard.read_bytes())
+    raw[-2:] = np.array([TOK.vocab_size + 3], dtype=np.uint16).tobytes()
+    shard.write_bytes(bytes(raw))
+    with pytest.raises(AndreaError, match="holds token id"):
+        data_usage(TokenData(out), TOK)
