@@ -12,11 +12,22 @@ Two ways to run jobs:
                                            worker, or where fork is not possible, jobs run in this
                                            process when their result is asked for.
 Pools nest: each restores what was shared before it when it ends.
+
+A worker that dies (killed, out of memory, a crash in C) does not leave its job waiting forever:
+the pool is broken at once and the job's result is one AndreaError saying a worker died, which
+ends the command with exit 2 (a pool of concurrent.futures, which notices a dead worker; the
+multiprocessing pool replaces the worker and never finishes its job).
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import os
+import signal
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+
+from andrea.errors import AndreaError
 
 _shared = None  # what the jobs of the pool now running read; forked workers inherit it
 
@@ -36,11 +47,60 @@ def map_forked(fn, shared, jobs, workers: int):
     """fn(job) for every job, in order, on `workers` forked processes; fn reads `shared()`."""
     global _shared
     before, _shared = _shared, shared
+    pool = _executor(workers)
     try:
-        with multiprocessing.get_context("fork").Pool(workers) as pool:
-            yield from pool.imap(fn, jobs)
+        for future in [pool.submit(fn, job) for job in jobs]:
+            yield _result(future)
     finally:
+        _shutdown(pool)
         _shared = before
+
+
+def _executor(workers: int) -> ProcessPoolExecutor:
+    return ProcessPoolExecutor(max(1, workers), mp_context=multiprocessing.get_context("fork"),
+                               initializer=_end_with_parent, initargs=(os.getpid(),))
+
+
+def _end_with_parent(parent: int) -> None:
+    """In a worker: be killed when the process that forked it dies (Linux), so a killed command
+    leaves no worker waiting for jobs that never come."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:  # it died before the line above
+        os._exit(1)
+
+
+def _result(future):
+    try:
+        return future.result()
+    except BrokenProcessPool:
+        raise AndreaError("a worker process died before its job was done (killed, or out of memory); "
+                          "nothing of that job was kept; run the command again") from None
+
+
+def _shutdown(pool: ProcessPoolExecutor) -> None:
+    """End the workers now, their running jobs too (a stopped command waits for none of them)."""
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        p.join()
+
+
+class _Handle:
+    """A job running on a worker; get() is its result."""
+
+    def __init__(self, future):
+        self.future = future
+
+    def get(self):
+        return _result(self.future)
 
 
 class _Later:
@@ -64,16 +124,15 @@ class ForkPool:
         self.pool = None
         self._before, _shared = _shared, shared
         if self.n > 1 and can_fork():
-            self.pool = multiprocessing.get_context("fork").Pool(self.n)
+            self.pool = _executor(self.n)
 
     def submit(self, job):
-        return self.pool.apply_async(self.fn, (job,)) if self.pool is not None else _Later(self.fn, job)
+        return _Handle(self.pool.submit(self.fn, job)) if self.pool is not None else _Later(self.fn, job)
 
     def close(self) -> None:
         global _shared
         if self.pool is not None:
-            self.pool.terminate()
-            self.pool.join()
+            _shutdown(self.pool)
             self.pool = None
         _shared = self._before
 

@@ -94,3 +94,36 @@ def test_slices_cover_the_items_in_order_with_about_equal_sizes():
         assert all(a < b for a, b in cut)
     items = ["x" * 10] * 8
     assert forkpool.slices(items, 4) == [(0, 2), (2, 4), (4, 6), (6, 8)]
+
+
+def _dies_on(job):
+    import signal
+
+    if job == forkpool.shared():
+        os.kill(os.getpid(), signal.SIGKILL)  # as the kernel's out-of-memory killer or `kill -9` would
+    return job
+
+
+@needs_fork
+@pytest.mark.hostile
+@pytest.mark.parametrize("doomed", [0, 3, 6])
+def test_a_worker_that_dies_ends_its_pool_in_one_sentence_instead_of_a_wait_without_end(doomed):
+    import signal
+    import time
+
+    from andrea.errors import AndreaError
+
+    signal.alarm(60)  # the old pool waited for the dead worker's job for good: fail, do not hang
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(AndreaError, match="worker process died"):
+            list(forkpool.map_forked(_dies_on, doomed, range(7), 2))
+        with forkpool.ForkPool(_dies_on, doomed, 3) as pool:
+            handles = [pool.submit(job) for job in range(7)]
+            with pytest.raises(AndreaError, match="worker process died"):
+                [h.get() for h in handles]
+        assert time.monotonic() - t0 < 30
+        assert forkpool.shared() is None
+        assert list(forkpool.map_forked(_dies_on, -1, range(7), 2)) == list(range(7))  # a healthy pool after
+    finally:
+        signal.alarm(0)
