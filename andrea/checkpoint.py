@@ -33,7 +33,7 @@ from andrea.config import ModelConfig, count_params, position_table_size
 from andrea.errors import AndreaError
 from andrea.files import atomic_output, check_regular, parse_json
 from andrea.model import ANDREA, param_shapes
-from andrea.optim import optimizer_order
+from andrea.optim_state import check_optimizer_layout, check_optimizer_values
 from andrea.tokenizer import HarrisTokenizer
 from andrea.validate import is_int
 
@@ -93,9 +93,6 @@ def save_checkpoint(path, config: ModelConfig, model_state: dict, optim_state: d
     return path
 
 
-ADAM_KEYS = ("exp_avg", "exp_avg_sq", "step")  # what Adam and AdamW keep per parameter
-MUON_KEYS = ("momentum_buffer",)  # what Muon keeps (recipe v3's block matrices)
-OPTIM_KEYS = ADAM_KEYS + MUON_KEYS
 FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
 TABLE_ALLOWANCE = 1 << 24  # values of computed position tables allowed beyond the model's size
 
@@ -221,67 +218,7 @@ def check_layout(config: ModelConfig, layout: dict[str, tuple[tuple, str]], meta
         if optim:
             raise AndreaError(f"{path} holds optimizer tensors but no optimizer groups in its metadata.")
         return None
-    return _check_optimizer_layout(config, shapes, meta["optimizer"], optim, path)
-
-
-def _check_optimizer_layout(config: ModelConfig, shapes: dict, info: dict, optim: dict, path) -> list[str]:
-    groups, scalars = info.get("param_groups"), info.get("scalars", {})
-    if (not isinstance(groups, list) or not groups or not all(isinstance(g, dict) for g in groups)
-            or not all(isinstance(g.get("params"), list) and all(is_int(i) for i in g["params"]) for g in groups)):
-        raise AndreaError(f"{path} has no readable optimizer parameter groups in its metadata.")
-    if not isinstance(scalars, dict) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-                                                for v in scalars.values()):
-        raise AndreaError(f"{path} has malformed optimizer scalars in its metadata.")
-    ids = [i for g in groups for i in g["params"]]
-    if sorted(ids) != list(range(len(ids))):
-        raise AndreaError(f"{path}: its optimizer groups do not number the parameters 0..{len(ids) - 1} once each.")
-    try:
-        order = optimizer_order(config, groups)
-    except AndreaError as e:
-        raise AndreaError(f"{path}: {e}") from None
-    name_of = dict(zip(ids, order))
-    present: dict[int, set] = {}
-    entries = [(k, v) for k, v in optim.items()] + [("optim." + k, None) for k in scalars]
-    for key, layout in entries:
-        parts = key.split(".", 2)
-        if len(parts) != 3 or not parts[1].isdigit() or int(parts[1]) not in name_of or parts[2] not in OPTIM_KEYS:
-            raise AndreaError(f"{path} holds an optimizer entry {key!r} that fits no parameter of its groups.")
-        idx, what = int(parts[1]), parts[2]
-        if what in present.setdefault(idx, set()):
-            raise AndreaError(f"{path} holds the optimizer entry {what} of parameter {idx} twice.")
-        present[idx].add(what)
-        if layout is None:
-            continue
-        shape, dtype = layout
-        if dtype not in FLOAT_DTYPES:
-            raise AndreaError(f"{path}: the optimizer's {what} of {name_of[idx]} holds {dtype} values, not floats.")
-        want = () if what == "step" else shapes[name_of[idx]]
-        if shape != want and not (what == "step" and math.prod(shape) == 1):
-            raise AndreaError(f"{path}: the optimizer's {what} of {name_of[idx]} has shape {list(shape)}, "
-                              f"but the weight is {list(shapes[name_of[idx]])}.")
-    if present:  # a state that was never stepped is empty; one that was holds every part of every parameter
-        for idx, name in name_of.items():
-            have = present.get(idx, set())
-            if not have:  # no state yet (Muon's momentum after a .bin, which holds none, starts at zero)
-                continue
-            keys = MUON_KEYS if "momentum_buffer" in have else ADAM_KEYS
-            missing = [k for k in keys if k not in have]
-            if missing or have - set(keys):
-                what = f"no {', '.join(missing)}" if missing else f"both Adam's and Muon's entries ({', '.join(sorted(have))})"
-                raise AndreaError(f"{path}: the optimizer state of {name} has {what}.")
-    return order
-
-
-def check_optimizer_values(state: dict, order: list[str] | None, path) -> None:
-    """Adam's moments finite, its second moment non-negative, its step count a finite count."""
-    for idx, per in state["state"].items():
-        name = order[idx] if order is not None else str(idx)
-        for key, value in per.items():
-            t = value if torch.is_tensor(value) else torch.tensor(float(value))
-            if not torch.isfinite(t).all():
-                raise AndreaError(f"{path}: the optimizer's {key} of {name} holds NaN or infinite values.")
-            if key in ("exp_avg_sq", "step") and (t < 0).any():
-                raise AndreaError(f"{path}: the optimizer's {key} of {name} holds negative values.")
+    return check_optimizer_layout(config, shapes, meta["optimizer"], optim, path)
 
 
 def build_model(ckpt: Checkpoint, device="cpu"):

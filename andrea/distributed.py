@@ -2,8 +2,8 @@
 and the whole model and optimizer state gathered from (or handed back to) FSDP shards.
 
 One process needs none of this: every function here is the identity, or close to it, when
-WORLD_SIZE is 1 and FSDP is off. Under FSDP a checkpoint still holds the state a plain
-single-process optimizer would have (keyed by parameter index), so any run can resume any other.
+WORLD_SIZE is 1 and FSDP is off. (The optimizer's state gathered from shards and handed back to
+them is `andrea.optim_state`'s.)
 """
 
 from __future__ import annotations
@@ -14,10 +14,7 @@ from contextlib import nullcontext
 import torch
 import torch.distributed as dist
 
-from andrea.config import ModelConfig
-from andrea.errors import AndreaError
-from andrea.model import meta_model, tune_for_training
-from andrea.optim import param_groups, param_names_in_order
+from andrea.model import tune_for_training
 
 
 def local_part(t: torch.Tensor) -> torch.Tensor:
@@ -60,48 +57,6 @@ def full_state(model, fsdp: bool) -> dict:
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     return get_model_state_dict(model, options=full_options())
-
-
-def full_optim_state(optimizer, train_model, recipe: str, fsdp: bool) -> dict:
-    """The optimizer state as a plain single-process optimizer has it: keyed by index."""
-    if not fsdp:
-        return optimizer.state_dict()
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
-    full = get_optimizer_state_dict(train_model, optimizer, options=full_options())
-    if not full:  # only rank 0 receives the gathered state
-        return {}
-    index = {n: i for i, n in enumerate(param_names_in_order(train_model, recipe))}
-    return {"state": {index[n]: v for n, v in full["state"].items()},
-            "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in full["param_groups"]]}
-
-
-def check_optimizer_fits(state: dict, model_cfg: ModelConfig, recipe: str, path) -> None:
-    """The saved optimizer state belongs to this model and recipe: the same groups of the same
-    parameters. (Shapes, presence and finiteness were checked when the file was read.)"""
-    ours = [len(g["names"]) for g in param_groups(meta_model(model_cfg), recipe)]
-    saved = [len(g["params"]) for g in state["param_groups"]]
-    if ours != saved:
-        raise AndreaError(f"{path} holds an optimizer state with parameter groups of sizes {saved}, but recipe {recipe} "
-                          f"on this model has {ours}; resume with the recipe it was trained with.")
-
-
-def load_optimizer_state(optimizer, state: dict, train_model, recipe: str, fsdp: bool, path) -> None:
-    # the saved groups give only which parameters are where; the hyperparameters are this run's
-    ours = optimizer.state_dict()["param_groups"]
-    state = {"state": state["state"], "param_groups": [{**g, "params": s["params"]} for g, s in zip(ours, state["param_groups"])]}
-    if not fsdp:
-        try:
-            optimizer.load_state_dict(state)
-        except (ValueError, RuntimeError, KeyError, TypeError) as e:
-            raise AndreaError(f"the optimizer state in {path} does not fit this run ({str(e).splitlines()[0][:100]}).") from None
-        return
-    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
-
-    names = param_names_in_order(train_model, recipe)
-    keyed = {"state": {names[int(i)]: v for i, v in state["state"].items()},
-             "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]} for g in state["param_groups"]]}
-    set_optimizer_state_dict(train_model, optimizer, keyed, options=full_options())
 
 
 def wrap_model(model, device: torch.device, world: int, fsdp: bool):

@@ -32,7 +32,6 @@ import re
 
 import torch
 
-from andrea.config import ModelConfig
 from andrea.errors import AndreaError
 from andrea.processor import orthogonalization_dtype
 from andrea.trainconfig import DEFAULT_LR, RECIPES
@@ -214,18 +213,3 @@ def lr_at(recipe: str, lr: float, step: int, progress: float, warmup_steps: int,
         return warm
     cos = 0.5 * (1 + math.cos(math.pi * progress))
     return lr * (min_lr_ratio + (1 - min_lr_ratio) * cos)
-
-
-def optimizer_order(cfg: ModelConfig, groups: list) -> list[str]:
-    """Parameter names in the index order of an optimizer state with these groups: the order of
-    the recipe whose group sizes they match (how a checkpoint's state is read by name)."""
-    from andrea.model import meta_model  # the model never imports the optimizer: no circle
-
-    sizes = [len(g.get("params", [])) for g in groups]
-    model = meta_model(cfg)
-    for recipe in RECIPES:
-        ours = param_groups(model, recipe)
-        if sizes == [len(g["names"]) for g in ours]:
-            return [n for g in ours for n in g["names"]]
-    described = "; ".join(f"recipe {r} {[len(g['names']) for g in param_groups(model, r)]}" for r in RECIPES)
-    raise AndreaError(f"the optimizer state has parameter groups of sizes {sizes}, which match no recipe ({described}).")

@@ -11,8 +11,8 @@ import numpy as np
 import torch
 
 from andrea.checkpoint import Checkpoint, load_checkpoint
-from andrea.distributed import check_optimizer_fits
 from andrea.errors import AndreaError
+from andrea.optim_state import check_optimizer_fits
 from andrea.trainconfig import TrainConfig
 from andrea.validate import is_int, is_real
 

@@ -63,10 +63,8 @@ from andrea.distributed import (
     all_finite,
     any_rank,
     clip_gradients,
-    full_optim_state,
     full_state,
     grad_sync,
-    load_optimizer_state,
     local_part,
     pick_device,
     setup_processes,
@@ -86,6 +84,7 @@ from andrea.memory import check_training_memory
 from andrea.metrics import Meter, append_row
 from andrea.model import ANDREA, loss_chunk_rows
 from andrea.optim import lr_at, make_optimizer
+from andrea.optim_state import full_optim_state, load_optimizer_state
 from andrea.plots import plot_curriculum, plot_losses
 from andrea.processor import bf16_verdict, processor_line
 from andrea.runstate import RunState, checkpoint_to_resume
