@@ -421,7 +421,12 @@ def to_json(inp: Inputs, steps: list[Step]) -> dict:
     cfg = inp.model.config
     return {"model": inp.name, "config": {"V": cfg.vocab_size, "d": cfg.n_embd, "T": cfg.block_size,
                                           "n_layer": cfg.n_layer, "pos": cfg.pos},
-            "steps": [asdict(s) for s in steps]}
+            "steps": [asdict(s) for s in steps], "left_out": left_out(inp)}
+
+
+def left_out(inp: Inputs) -> list[str]:
+    """The run's snapshots the lesson left out, each with why (`andrea.timeline.Timeline`)."""
+    return list(inp.timeline.notes) if inp.timeline is not None else []
 
 
 def to_text(inp: Inputs, steps: list[Step]) -> str:
@@ -429,6 +434,7 @@ def to_text(inp: Inputs, steps: list[Step]) -> str:
     lines = [f"The lesson on {inp.name} (V {cfg.vocab_size:,}, d {cfg.n_embd}, {cfg.n_layer} layers)", ""]
     for n, s in enumerate(steps, 1):
         lines += [f"{n}. {s.claim}", f"   {s.how}", f"   {s.verdict}" + (f": {s.why}" if s.why else ""), ""]
+    lines += [f"Note: {note}." for note in left_out(inp)] + ([""] if left_out(inp) else [])
     counts = {v: sum(s.verdict == v for s in steps) for v in VERDICTS}
     lines.append(", ".join(f"{n} {v}" for v, n in counts.items() if n))
     return "\n".join(lines)

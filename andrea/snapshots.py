@@ -16,7 +16,8 @@ cost is printed when the run starts). `input` and `output`: those rows of wte an
 `input_mean`, `output_mean`: the mean row of the whole table (to centre with). `seen`: in how many
 steps' batches each token occurred since the previous snapshot (under torchrun, in the batches of
 the processes together: a step counts once per process whose share held it). `input_moved`,
-`output_moved`: ‖Δ‖ of each row since the previous snapshot, and `input_angle`, `output_angle`
+`output_moved`: ‖Δ‖ of each row since the previous snapshot (which ties a snapshot to the one
+before it: `continues`), and `input_angle`, `output_angle`
 the angle in degrees between the row then and now (both computed from the stored values, so a
 resumed run computes exactly what an uninterrupted one would). The metadata names the step, the
 previous snapshot's step, V, d, the recipe and each table's exact mean pairwise cosine.
@@ -26,7 +27,11 @@ that snapshot's step, how many evaluations were seen and kept) is `state_dict()`
 snapshots written after the checkpoint's step belong to a continuation that was lost and are
 removed, and the last one kept is read back as the base of the next ‖Δ‖ (when it is missing, as
 in a run folder copied without embeddings/, training goes on and says so, and the next snapshot
-has no ‖Δ‖).
+has no ‖Δ‖). The first snapshot a process writes, resumed or not, first removes the temporary
+files of writes a kill cut short.
+
+Read back (`read_snapshot`), every field is checked before it is believed: the sizes, the row
+ids, every tensor's shape and finiteness, and each metadata field's type and range.
 """
 
 from __future__ import annotations
@@ -93,6 +98,7 @@ class Growth:
         self.last_step: int | None = None
         self.evals_seen = self.evals_kept = 0
         self.previous: dict[str, torch.Tensor] | None = None
+        self.swept = False  # whether this process has removed the dead writes' temporary files yet
         self.seconds = 0.0  # time spent here and in the similarity scores: what this costs a run
         self.log = log
 
@@ -190,8 +196,9 @@ class Growth:
             raise AndreaError(f"cannot keep snapshots in {self.dir} ({write_error_reason(e)})") from None
         if not self.dir.is_dir() or self.dir.is_symlink():
             raise AndreaError(f"{self.dir} is not a folder of its own, so snapshots cannot be kept there")
-        if self.last_step is None:
-            remove_dead_temps(self.dir)  # the temporary file of a snapshot write a kill cut short
+        if not self.swept:  # the temporary file of a snapshot write a kill cut short, resumed run or not
+            remove_dead_temps(self.dir)
+            self.swept = True
         path = snapshot_path(self.dir.parent, step)
         with atomic_output(path) as tmp:
             save_file(tensors, str(tmp), metadata={"andrea.growth": json.dumps(meta)})
@@ -294,6 +301,7 @@ def read_snapshot(path) -> Snapshot:
     if rows.dtype != torch.int64 or rows.dim() != 1 or (len(rows) and (int(rows.min()) < 0 or int(rows.max()) >= V
                                                                       or bool((rows[1:] <= rows[:-1]).any()))):
         raise AndreaError(f"{path} keeps row ids that are not distinct ids below V = {V:,} in order.")
+    _check_meta(meta, path)
     n = len(rows)
     if tensors["seen"].shape != (n,):
         raise AndreaError(f"{path} counts {len(tensors['seen'])} rows as seen, not its {n}.")
@@ -304,3 +312,33 @@ def read_snapshot(path) -> Snapshot:
         if not all(bool(torch.isfinite(tensors[f"{t}{s}"].float()).all()) for s in ("", "_mean", "_moved", "_angle")):
             raise AndreaError(f"{path} holds a table that is not finite.")
     return Snapshot(meta, tensors)
+
+
+def _check_meta(meta: dict, path) -> None:
+    """The metadata fields other than the sizes, each of its type and range: the recipe a short
+    string, the previous step an earlier one or none, the flags booleans, each mean cosine a
+    number in [-1, 1]."""
+    recipe, previous, means = meta.get("recipe", "v2"), meta.get("previous"), meta.get("mean_cos", {})
+    if not isinstance(recipe, str) or not 0 < len(recipe) <= 16:
+        raise AndreaError(f"{path} names no recipe andrea knows ({str(recipe)[:20]!r}).")
+    if previous is not None and (not _count(previous) or previous >= meta["step"]):
+        raise AndreaError(f"{path} gives {str(previous)[:20]} as its previous step, which is not before its own.")
+    if any(not isinstance(meta.get(k, False), bool) for k in ("evaluation", "whole")):
+        raise AndreaError(f"{path} has flags that are not true or false.")
+    if not isinstance(means, dict) or any(not isinstance(v, (int, float)) or isinstance(v, bool) or not -1 <= v <= 1
+                                          for v in means.values()) or not set(means) <= set(TABLES):
+        raise AndreaError(f"{path} gives mean cosines that are not numbers in [-1, 1] of its tables.")
+
+
+def continues(before: Snapshot, after: Snapshot) -> bool:
+    """Whether `after` was taken from `before`: its ‖Δ‖ of every row are those of its values
+    against `before`'s (both computed from the stored values, as `Growth.take` does)."""
+    if after.meta.get("previous") != before.step:
+        return True  # nothing to compare: another snapshot (or none) was its base
+    for t in TABLES:
+        if before.tables[t].shape != after.tables[t].shape:
+            return False
+        moved = (after.tables[t].float() - before.tables[t].float()).norm(dim=1)
+        if not torch.allclose(moved, after.moved[t].float(), rtol=1e-4, atol=1e-6):
+            return False
+    return True

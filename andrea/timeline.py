@@ -17,11 +17,18 @@ and lists; `andrea embed timeline` prints them and the lab's Growth view draws t
 Words are looked up in their word-initial form (" cat"); a word of several tokens stands for the
 mean of their rows, and results say so. A snapshot of a large table keeps only some rows: a word
 whose tokens were not kept is reported as such.
+
+A snapshot that is not the run's own is left out, and `Timeline.notes` says which and why: one
+that cannot be read or fails `andrea.snapshots.read_snapshot`'s checks, one of another V than the
+run's tokenizer, of another table or row set than most of the run's, or one the next snapshot did
+not move from (a snapshot of another run put in its place, which would otherwise be judged as
+this run's start). The lesson and `andrea embed timeline` print the notes.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from functools import lru_cache
 from pathlib import Path
 
@@ -30,7 +37,7 @@ import torch
 
 from andrea.checkpoint import load_model
 from andrea.errors import AndreaError
-from andrea.snapshots import FOLDER, TABLES, read_snapshot, snapshot_path, snapshot_steps
+from andrea.snapshots import FOLDER, TABLES, continues, read_snapshot, snapshot_path, snapshot_steps
 from andrea.vectors import cosine, nearest, unit_rows
 from andrea.wordsim import PAIR_SETS, WordIndex, spearman, word_index
 
@@ -65,30 +72,55 @@ class Timeline:
             raise AndreaError(f"the checkpoint in {run} holds no tokenizer to look words up with.")
         self.tokenizer = tokenizer
         self.notes = []  # the snapshots left out, each with why
-        first = None
-        for step in list(self.steps):  # every snapshot is checked against the run and the first one
-            try:
-                snap = self.snapshot(step)
-                if first is None and snap.meta["vocab_size"] != tokenizer.vocab_size:
-                    raise AndreaError(f"it has V = {snap.meta['vocab_size']:,}, the run's tokenizer {tokenizer.vocab_size:,}")
-                if first is not None and (snap.meta["vocab_size"], snap.meta["d"]) != (first.meta["vocab_size"], first.meta["d"]):
-                    raise AndreaError(f"its table is {snap.meta['vocab_size']:,} × {snap.meta['d']}, the first snapshot's "
-                                      f"{first.meta['vocab_size']:,} × {first.meta['d']}")
-                if first is not None and not torch.equal(snap.rows, first.rows):
-                    raise AndreaError("it keeps other rows than the first snapshot (another --snapshot-rows)")
-                first = first or snap
-            except AndreaError as e:
-                self.steps.remove(step)
-                self.notes.append(f"the snapshot of step {step:,} is left out: {str(e).rstrip('.')}")
-        if first is None:
-            raise AndreaError(f"{run} holds no usable embedding snapshot ({self.notes[0] if self.notes else ''}).")
+        first = self._check_snapshots(run, tokenizer.vocab_size)
         self.V, self.d, self.recipe = first.meta["vocab_size"], first.meta["d"], first.meta.get("recipe", "v2")
         self.rows = first.rows.numpy()
         self.position = np.full(self.V, -1, dtype=np.int64)
         self.position[self.rows] = np.arange(len(self.rows))
 
     def snapshot(self, step: int):
-        return _read(str(snapshot_path(self.dir, step)))
+        path = snapshot_path(self.dir, step)
+        try:
+            st = path.stat()
+            stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+        except OSError:
+            stamp = None
+        return _read(str(path), stamp)  # a file replaced since it was read is read again
+
+    def _check_snapshots(self, run, vocab_size: int):
+        """Leave out, each with a note, the snapshots that are not this run's: unreadable ones, those
+        of another V than the tokenizer's, those of another table or row set than most of the run's
+        (the newest of them breaking ties), and those the next snapshot did not move from
+        (`andrea.snapshots.continues`: a snapshot of another run put in its place). The first kept."""
+        read, kinds = {}, {}
+        for step in self.steps:
+            try:
+                snap = self.snapshot(step)
+                if snap.meta["vocab_size"] != vocab_size:
+                    raise AndreaError(f"it has V = {snap.meta['vocab_size']:,}, the run's tokenizer {vocab_size:,}")
+            except AndreaError as e:
+                self.notes.append(f"the snapshot of step {step:,} is left out: {str(e).rstrip('.')}")
+                continue
+            read[step] = snap
+            kinds.setdefault((snap.meta["d"], snap.rows.numpy().tobytes()), []).append(step)
+        if not read:
+            raise AndreaError(f"{run} holds no usable embedding snapshot ({self.notes[0] if self.notes else ''}).")
+        kept = max(kinds.values(), key=lambda steps: (len(steps), steps[-1]))
+        for step in sorted(set(read) - set(kept)):
+            d = read[step].meta["d"]
+            self.notes.append(f"the snapshot of step {step:,} is left out: its table ({len(read[step].rows):,} rows of "
+                              f"{d}) is not the one the run's other snapshots keep")
+        anchor = kept[-1]
+        for step in reversed(kept[:-1]):
+            if continues(read[step], read[anchor]):
+                anchor = step
+            else:
+                kept.remove(step)
+                self.notes.append(f"the snapshot of step {step:,} is left out: the snapshot of step {anchor:,} did not "
+                                  f"move from its values, so it is another run's")
+        self.steps = kept
+        self.notes.sort(key=lambda note: int(re.search(r"step ([\d,]+)", note).group(1).replace(",", "")))
+        return read[kept[0]]
 
     def at(self, step: int) -> int:
         """The snapshot step nearest to `step` at or before it (the first one before any)."""
@@ -114,7 +146,7 @@ class Timeline:
 
 
 @lru_cache(maxsize=64)
-def _read(path: str):
+def _read(path: str, stamp):
     return read_snapshot(path)
 
 

@@ -302,3 +302,76 @@ def test_a_run_resumed_with_other_snapshot_rows_keeps_its_own(data_dir, tmp_path
     assert any("go on keeping those" in line for line in lines), lines
     steps = snapshot_steps(run)
     assert steps[-1] == 8 and all(torch.equal(read_snapshot(snapshot_path(run, s)).rows, first) for s in steps)
+
+
+def _rewrite(path, meta_changes=None, snapshot=None):
+    """Write a snapshot file again with its metadata changed (or another snapshot's contents)."""
+    from safetensors.torch import save_file
+
+    s = snapshot or read_snapshot(path)
+    tensors = {"rows": s.rows, "seen": s.seen}
+    for t in ("input", "output"):
+        tensors.update({t: s.tables[t], f"{t}_mean": s.means[t], f"{t}_moved": s.moved[t], f"{t}_angle": s.angle[t]})
+    save_file(tensors, str(path), metadata={"andrea.growth": json.dumps({**s.meta, **(meta_changes or {})})})
+
+
+def _strict_json(text):
+    def refuse(name):
+        raise ValueError(f"{name} is not JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.mark.hostile
+def test_a_first_snapshot_of_another_run_is_left_out_and_the_lesson_says_so(data_dir, tmp_path, capsys):
+    """Another run's snapshot of the same table in place of this run's first: this run's step 1
+    did not move from its values, so it is left out with a note; the lesson judges the start on the
+    run's own snapshots and names what it left out."""
+    cfg = tiny_config(data_dir)
+    train(cfg, opts(max_steps=4, eval_every=4), data_dir, tmp_path / "a", log=quiet, progress=False)
+    train(cfg, opts(max_steps=4, eval_every=4, seed=8), data_dir, tmp_path / "b", log=quiet, progress=False)
+    steps = snapshot_steps(tmp_path / "a")
+    assert Timeline(tmp_path / "a").steps == steps and steps[0] == 0  # this run's own snapshots all kept
+    foreign = snap(tmp_path / "b", 0)
+    assert torch.equal(foreign.rows, snap(tmp_path / "a", 0).rows)
+    _rewrite(snapshot_path(tmp_path / "a", 0), snapshot=foreign)
+    tl = Timeline(tmp_path / "a")
+    assert tl.steps == steps[1:] and len(tl.notes) == 1 and "step 0 is left out" in tl.notes[0]
+    assert main(["lesson", "--checkpoint", str(tmp_path / "a"), "--json", "--no-ppmi"]) == 0
+    report = _strict_json(capsys.readouterr().out)
+    init = next(s for s in report["steps"] if s["key"] == "init")
+    assert init["numbers"]["step"] == steps[1] and report["left_out"] == tl.notes
+    assert main(["lesson", "--checkpoint", str(tmp_path / "a"), "--no-ppmi"]) == 0
+    assert "Note: the snapshot of step 0 is left out" in capsys.readouterr().out
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("changes", [{"recipe": 5}, {"recipe": ["v2"]}, {"recipe": ""}, {"mean_cos": "high"},
+                                     {"mean_cos": {"input": "0.1"}}, {"mean_cos": {"input": 7.5}},
+                                     {"mean_cos": [0.1, 0.2]}, {"previous": "3"}, {"previous": 10**9},
+                                     {"evaluation": "yes"}, {"whole": 1}])
+def test_snapshot_metadata_of_the_wrong_type_is_left_out_with_a_note(data_dir, tmp_path, capsys, changes):
+    run = tmp_path / "r"
+    train(tiny_config(data_dir), opts(max_steps=4, eval_every=4), data_dir, run, log=quiet, progress=False)
+    steps = snapshot_steps(run)
+    _rewrite(snapshot_path(run, steps[-1]), changes)
+    with pytest.raises(AndreaError):
+        snap(run, steps[-1])
+    tl = Timeline(run)
+    assert tl.steps == steps[:-1] and len(tl.notes) == 1 and f"step {steps[-1]}" in tl.notes[0]
+    assert main(["embed", "timeline", "--checkpoint", str(run), "cat", "dog"]) == 0
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err and f"step {steps[-1]}" in out + err
+    assert main(["lesson", "--checkpoint", str(run), "--json", "--no-ppmi"]) == 0
+    assert _strict_json(capsys.readouterr().out)["left_out"] == tl.notes
+
+
+@pytest.mark.hostile
+def test_a_resumed_run_removes_a_killed_snapshot_writes_temporary_file(data_dir, tmp_path):
+    cfg, o = tiny_config(data_dir), opts(max_steps=8, eval_every=4, checkpoint_every=3)
+    run = tmp_path / "r"
+    train(cfg, o, data_dir, run, log=quiet, progress=False, on_step=lambda step, loss: step == 5)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = run / "embeddings" / f"step-00000008.safetensors.tmp-{int(dead.stdout)}-0123abcd"
+    stale.write_bytes(b"half a snapshot of a resumed run")
+    train(cfg, o, data_dir, run, resume=True, log=quiet, progress=False)
+    assert not stale.exists() and 8 in snapshot_steps(run)
