@@ -286,3 +286,24 @@ def test_load_inputs_reads_the_runs_data_usage(data_dir, tmp_path):
                            warmup_steps=1, eval_windows=2, seed=7), data_dir, run, log=lambda *a: None, progress=False)
     inp = load_inputs(run, ppmi=False)
     assert inp.usage is not None and inp.usage.count.sum() > 0 and inp.timeline is not None
+
+
+@pytest.mark.hostile
+def test_the_json_report_writes_null_for_a_number_that_is_not_finite(capsys):
+    """NaN and ±inf are no JSON: a step whose numbers hold them is printed with null in their place,
+    which every JSON reader takes (json.loads with NaN refused)."""
+    from andrea.cli.common import print_json
+    from andrea.lesson import Inputs, Step, to_json
+
+    tok = HarrisTokenizer([" cat", " dog"])
+    model = ANDREA(ModelConfig(vocab_size=tok.vocab_size, n_embd=8, n_head=2, n_layer=1, block_size=8))
+    steps = [Step("sparse", "claim", "how", "holds", "", {"unseen": {"mean_moved": math.nan, "top": [math.inf, 1.5]},
+                                                          "ratio": -math.inf})]
+    print_json(to_json(Inputs(model, tok, "m"), steps))
+
+    def refuse(name):
+        raise ValueError(name)
+
+    out = json.loads(capsys.readouterr().out, parse_constant=refuse)
+    assert out["steps"][0]["numbers"] == {"unseen": {"mean_moved": None, "top": [None, 1.5]}, "ratio": None}
+    assert out["left_out"] == []
