@@ -355,6 +355,21 @@ def test_sizes_types_paths_and_hosts(server):
             assert r.status_code == 200, host
 
 
+@pytest.mark.hostile
+def test_a_field_named_with_a_lone_surrogate_is_a_400_and_a_slash_too_many_a_404(server):
+    json_type = {"content-type": "application/json"}
+    with server.http() as h:
+        for body, shown in ((b'{"prompt": "the", "\\udc80x": 1}', "'\\udc80x'"),
+                            (b'{"prompt": "the", "a\\ud800\\u00e9": 1}', "'a\\ud800\\xe9'")):
+            r = h.post("/completions", content=body, headers=json_type)
+            assert r.status_code == 400, r.text
+            assert r.json()["error"]["message"].startswith(f"unknown field {shown};")
+        for method, path in (("GET", "/models/"), ("POST", "/completions/"), ("POST", "/chat/completions/"),
+                             ("GET", "/../health/")):
+            r = h.request(method, path, json={"prompt": "the"})
+            assert r.status_code == 404 and set(r.json()) == {"error"}, (method, path, r.status_code)
+
+
 def _open_stream(server, max_tokens=4096):
     """A greedy stream (no BOS comes before 4,096 tokens) left open: (client, response, its
     lines) once its first event has arrived."""

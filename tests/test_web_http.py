@@ -74,7 +74,8 @@ def test_host_names_as_a_host_header_writes_them():
     assert host_name("LocalHost:8000") == "localhost" and host_name("127.0.0.1") == "127.0.0.1"
     assert host_name("[::1]:80") == "::1" and host_name("[::FFFF:127.0.0.1]:9") == "127.0.0.1"
     assert host_name("[0:0:0:0:0:0:0:1]") == "::1"
-    for bad in ("", " ", "127.0.0.1:x", "localhost:", "[::1", "[::1]x", ":80"):
+    for bad in ("", " ", "127.0.0.1:x", "localhost:", "[::1", "[::1]x", ":80", "127.0.0.1%x", "127.0.0.1%25lo:80",
+                "[::1%lo]", "[fe80::1%eth0]:8000", "localhost%x"):
         assert host_name(bad) is None, bad
 
 
@@ -121,9 +122,11 @@ def test_the_body_reader():
             assert r.status_code == status and message in r.json()["error"], r.text
 
 
+@pytest.mark.hostile
 def test_the_guard_refuses_foreign_hosts_and_keeps_faults_to_one_line(capfd):
     with TestClient(small_app({"localhost", "127.0.0.1", "::1"}), raise_server_exceptions=False) as c:
-        for host in ("evil.example", "127.0.0.1.evil.example", "0x7f.0.0.1", "", "testserver"):
+        for host in ("evil.example", "127.0.0.1.evil.example", "0x7f.0.0.1", "", "testserver", "127.0.0.1%x",
+                     "[::1%lo]:80"):
             r = c.post("/echo", json={}, headers={"host": host})
             assert r.status_code == 400 and r.json()["code"] == "invalid_host", host
             assert r.headers["x-frame-options"] == "DENY"

@@ -361,3 +361,11 @@ def test_the_lesson_view_walks_every_claim_on_the_loaded_model(client, subject):
     assert by_key["lookup"]["verdict"] == "holds" and by_key["untied"]["verdict"] == "holds"
     assert by_key["init"]["verdict"] == by_key["sparse"]["verdict"] == "cannot check"
     assert client.get("/api/lesson").json() == r.json()  # computed once
+
+
+@pytest.mark.hostile
+def test_a_slash_too_many_is_a_404_not_a_redirect(client):
+    for method, path in (("POST", "/api/token/"), ("POST", "/api/compare/"), ("GET", "/api/growth/"),
+                         ("GET", "/api/info/")):
+        r = client.request(method, path, json={"word": "cat"}, follow_redirects=False)
+        assert r.status_code == 404 and set(r.json()) == {"error"}, (method, path, r.status_code)

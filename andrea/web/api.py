@@ -237,6 +237,7 @@ def create_app(served: Served, scheduler: Scheduler, api_key: str | None = None,
               Route("/v1/completions", api(completions), methods=["POST"]),
               Route("/v1/chat/completions", api(chat_completions), methods=["POST"])]
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: server_error})
+    app.router.redirect_slashes = False  # a path with a slash too many is a 404, not a redirect
     return Guard(app, allowed_hosts, error_body, log)
 
 

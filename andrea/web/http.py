@@ -88,6 +88,16 @@ def check_text(value, name: str, limit: int | None = None) -> str:
     return value
 
 
+def _writable(name: str) -> str:
+    """A name from a request as an answer can quote it: itself, or with a lone surrogate (which no
+    UTF-8 answer can hold) and every other character past ASCII escaped as Python writes them."""
+    try:
+        name.encode("utf-8")
+        return name
+    except UnicodeEncodeError:
+        return ascii(name)[1:-1]
+
+
 class Fields:
     """The fields of one JSON request body, each read with its type and range checked. A field
     that is absent or null reads as its default; a default of None makes the field optional."""
@@ -95,8 +105,9 @@ class Fields:
     def __init__(self, body: dict, allowed: set[str]):
         unknown = sorted(set(body) - allowed)
         if unknown:
-            raise RequestError(f"unknown field {unknown[0]!r}; this endpoint takes "
-                               f"{', '.join(sorted(allowed)) or 'no fields'}.", param=unknown[0])
+            name = _writable(unknown[0])
+            raise RequestError(f"unknown field '{name}'; this endpoint takes "
+                               f"{', '.join(sorted(allowed)) or 'no fields'}.", param=name)
         self.body = body
 
     def get(self, name: str, default=None):
@@ -209,7 +220,7 @@ def is_loopback(address: str) -> bool:
 
 def host_name(header: str) -> str | None:
     """The host a Host header names, lowercased, without its port and brackets, an IP address in
-    its one standard form; None when the header is empty or malformed."""
+    its one standard form; None when the header is empty, malformed or carries a %zone."""
     h = header.strip().lower()
     if h.startswith("["):
         end = h.find("]")
@@ -219,8 +230,8 @@ def host_name(header: str) -> str | None:
         rest = ":" + rest
     else:
         name, rest = h, ""
-    if not name or (rest and not (rest.startswith(":") and rest[1:].isdigit())):
-        return None
+    if not name or "%" in name or (rest and not (rest.startswith(":") and rest[1:].isdigit())):
+        return None  # a zone (127.0.0.1%x, [::1%lo]) names no host a client addresses
     ip = _ip(name)
     return str(ip) if ip is not None else name
 

@@ -341,6 +341,7 @@ def create_app(subject: embed.Subject, allowed_hosts: set[str] | None = None):
         return _error("the lab failed on this request; the server's log says more.", 500)
 
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error, 500: server_error})
+    app.router.redirect_slashes = False  # a path with a slash too many is a 404, not a redirect
     app.state.growth = growth_views
     return Guard(app, allowed_hosts, lambda e: {"error": e.message}, _log, SECURITY_HEADERS)
 
