@@ -13,34 +13,27 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from andrea.cache import shards_dir, tokenizers_dir
-from andrea.config import get_preset
-from andrea.corpus import fetch_default_corpus
+from andrea.checkpoint import load_checkpoint, load_model
+from andrea.config import N_SPECIAL, get_preset
+from andrea.corpus import DEFAULT_SOURCE_NAMES, fetch_default_corpus, source_key
 from andrea.errors import AndreaError
-
-# The optimizer settings the main job may run with, per recipe (benchmarks/bench_recipes.py runs
-# each of them at equal wall time). v3's lr 6e-3 beat 3e-3 side by side, and v3 beat v2 on both
-# seeds tried, in short runs on the 2-core machine (BENCHMARKS.md, "Recipes at equal wall time").
-RECIPE_SETTINGS = {
-    "v1": {"lr": 3e-4},
-    "v2": {"lr": 2e-3, "warmup_steps": 50},
-    "v3": {"lr": 6e-3, "warmup_steps": 50, "decay_fraction": 0.3},
-}
-MAIN_RECIPE = "v3"
-
-
-# The model and batch the main job trains where it runs: a CPU model on a CPU; on a CUDA GPU the
-# family's andrea-12m body at 32 x 1024 in bf16, stopped once validation stops improving (a GPU goes
-# through the 40 MB default corpus in seconds, so the budget in minutes is rarely what ends it).
-# Both hold MAIN_SEGMENTS segments, the fewest that make the lesson's words single tokens
-# (benchmarks/bench_default_corpus.py, bench_vocab.py): andrea-cpu is sized so; on the GPU the
-# 12m's body gets that vocabulary in place of its own 2,048 segments.
-MAIN_SEGMENTS = 6144
-SHAPES = {
-    "cpu": {"preset": "andrea-cpu", "segments": None, "batch_size": 16, "seq_len": 256, "eval_every": 250, "patience": 0},
-    "cuda": {"preset": "andrea-12m", "segments": MAIN_SEGMENTS, "batch_size": 32, "seq_len": 1024, "eval_every": 100,
-             "patience": 3},
-}
+from andrea.evaluate import final_evaluation, token_byte_lengths
+from andrea.generate import TextGenerator
+from andrea.mainjob_settings import MAIN_RECIPE, RECIPE_SETTINGS, SHAPES
+from andrea.metrics import read_metrics
+from andrea.model import ANDREA, tune_for_training
+from andrea.optim import make_optimizer
+from andrea.prepare import prepare
+from andrea.shards import PROGRESS_FILE, VERIFIED_FILE, TokenData, verify_shards
+from andrea.tokenizer import WORD_PATTERN, HarrisTokenizer
+from andrea.tokenizer_sample import load_training_texts
+from andrea.tokenizer_train import TRAINER_VERSION, train_tokenizer
+from andrea.train import train
+from andrea.trainconfig import TrainConfig
+from andrea.wordsim import fetch_wordsets
 
 
 @dataclass
@@ -91,11 +84,6 @@ def time_cpu_step(job: MainJob | None = None, steps: int = 3, warmup: int = 1) -
     """Seconds per training step of the main job's CPU shape (model, batch, recipe and optimizer as
     `andrea main` sets them up, on random tokens), the fastest of `steps` after `warmup`: the step
     alone, without the evaluations, checkpoints and snapshots a run adds."""
-    # imported when this is asked: the command line imports this module to build its parser, without torch
-    import torch
-
-    from andrea.model import ANDREA, tune_for_training
-    from andrea.optim import make_optimizer
 
     job = job or MainJob.on("cpu")
     shape, settings = job.shape("cpu"), job.train_settings()
@@ -120,11 +108,6 @@ def time_cpu_step(job: MainJob | None = None, steps: int = 3, warmup: int = 1) -
 
 def tokenizer_folder(n_segments: int, names) -> Path:
     """Where the main job keeps its tokenizer of n_segments fitted on these sources."""
-    # imported when this is asked: the command line imports this module to build its parser, without torch
-    from andrea.corpus import source_key
-    from andrea.tokenizer import WORD_PATTERN
-    from andrea.tokenizer_train import TRAINER_VERSION
-
     names = sorted(source_key(n) for n in names)
     key = hashlib.sha256(f"{n_segments}|{'+'.join(names)}|{WORD_PATTERN}|{TRAINER_VERSION}".encode()).hexdigest()[:16]
     return tokenizers_dir() / f"harris-{n_segments}-{key}"
@@ -133,9 +116,6 @@ def tokenizer_folder(n_segments: int, names) -> Path:
 def cached_main_data() -> Path | None:
     """The main job's shard folder on this machine's CPU shape (andrea-cpu's vocabulary, the
     default sources), when it is prepared; else None."""
-    from andrea.corpus import DEFAULT_SOURCE_NAMES
-    from andrea.tokenizer import HarrisTokenizer
-
     folder = tokenizer_folder(get_preset(MainJob.on("cpu").preset).n_segments, DEFAULT_SOURCE_NAMES)
     if not (folder / "harris_segments.json").is_file():
         return None
@@ -149,11 +129,6 @@ def prepared_tokenizer(n_segments: int, names: list[str], log=print):
     It is fitted on the training text of every source weighted as the curriculum opens (an equal
     share each), not on a raw file head, so a large source cannot dominate the segment alphabet.
     """
-    # imported when this stage runs: the command line imports this module to build its parser, without torch
-    from andrea.tokenizer import HarrisTokenizer
-    from andrea.tokenizer_sample import load_training_texts
-    from andrea.tokenizer_train import train_tokenizer
-
     folder = tokenizer_folder(n_segments, names)
     if (folder / "harris_segments.json").exists():
         return HarrisTokenizer.load(folder), folder
@@ -165,9 +140,6 @@ def prepared_tokenizer(n_segments: int, names: list[str], log=print):
 
 
 def prepared_data(tokenizer, source_names: list[str], log=print) -> Path:
-    # imported when this stage runs: the command line imports this module to build its parser, without torch
-    from andrea.prepare import prepare
-    from andrea.shards import PROGRESS_FILE, VERIFIED_FILE, TokenData, verify_shards
 
     folder = shards_dir() / tokenizer.fingerprint()[:16]
     if (folder / "manifest.json").exists():
@@ -186,9 +158,6 @@ def prepared_data(tokenizer, source_names: list[str], log=print) -> Path:
 
 def fetch_scoring_sets(log=print) -> None:
     """The word-similarity sets the run scores at every evaluation; without them it trains on."""
-    # imported when this stage runs: the command line imports this module to build its parser, without torch
-    from andrea.wordsim import fetch_wordsets
-
     try:
         fetch_wordsets(log=log)
     except AndreaError as e:
@@ -206,20 +175,12 @@ def main_job_data(n_segments: int, log=print) -> tuple[list[str], object, Path, 
 
 
 def run_main_job(job: MainJob, log=print) -> dict:
-    # imported when this stage runs: the command line imports this module to build its parser, without torch
-    import torch
 
-    from andrea.evaluate import final_evaluation, token_byte_lengths
-    from andrea.generate import TextGenerator
-    from andrea.shards import TokenData
-    from andrea.train import train
-    from andrea.trainconfig import TrainConfig
 
     t0 = time.time()
     shape = job.shape("cuda" if torch.cuda.is_available() else "cpu")
     cfg = get_preset(shape["preset"])
     if shape["segments"] is not None:
-        from andrea.config import N_SPECIAL
 
         cfg = cfg.replace(vocab_size=shape["segments"] + N_SPECIAL)
     log("1/4 corpus, 2/4 tokenizer, 3/4 token shards (each cached after its first run)")
@@ -232,8 +193,6 @@ def run_main_job(job: MainJob, log=print) -> dict:
                        checkpoint_every=100, seed=job.seed, sampling=job.sampling, eval_windows=16,
                        audit={"enabled": False}, compile=job.compile)
     result = train(cfg, opts, data_dir, out, log=log)
-    # imported when this stage runs: the command line imports this module to build its parser, without torch
-    from andrea.checkpoint import load_checkpoint, load_model
 
     best = out / "best.safetensors"
     chosen = best if best.exists() else result.checkpoint
@@ -307,9 +266,6 @@ def repeated_ngram_share(text: str, n: int = 4) -> float:
 
 def _eval_at(metrics: Path, step: int) -> dict | None:
     """The evaluation logged at `step` in a run's metrics.jsonl (None when there is none)."""
-    # imported when this stage runs: the command line imports this module to build its parser, without torch
-    from andrea.metrics import read_metrics
-
     found = None
     for row in read_metrics(metrics):
         if row.get("step") == step and isinstance(row.get("eval"), dict):

@@ -7,7 +7,7 @@ against each source's own recent level), `ucb-abs-progress` (reward "abs-progres
 that progress, so forgetting counts too), `uniform` (every source equally likely, same re-roll
 schedule) and `proportional` (by token count, no curriculum). Same model, same seeds, same step
 budget (or the same time budget with --minutes), the main job's recipe and batch (--recipe, with
-its settings of andrea.mainjob.RECIPE_SETTINGS) and its cached tokenizer and shards. Afterwards,
+its settings of andrea.mainjob_settings.RECIPE_SETTINGS) and its cached tokenizer and shards. Afterwards,
 validation bits per byte on the same fixed held-out windows of every source: per source and
 overall, the mean over seeds and, with several seeds, the spread. The runs go seed by seed, arm after arm, so compared arms ran side by side.
 
@@ -83,7 +83,8 @@ def shares_by_part(sources: list[str], names: list[str], parts: int = 3) -> list
 def main(argv=None) -> int:
     from andrea.config import PRESETS, count_params
     from andrea.errors import AndreaError
-    from andrea.mainjob import MAIN_RECIPE, RECIPE_SETTINGS, MainJob
+    from andrea.mainjob import MainJob
+    from andrea.mainjob_settings import MAIN_RECIPE, RECIPE_SETTINGS
     from andrea.train import train
     from andrea.trainconfig import RECIPES, TrainConfig
 

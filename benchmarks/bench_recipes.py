@@ -13,7 +13,7 @@ length and tokenizer (the main job's), fp32 on `--threads` threads:
 
 The runs go seed by seed, recipe after recipe (v1, v2, v3 for seed 1, then for seed 2, ...), so
 recipes compared with each other ran side by side under the same load. Each recipe uses its
-settings of `andrea.mainjob.RECIPE_SETTINGS`, what the main job would run with.
+settings of `andrea.mainjob_settings.RECIPE_SETTINGS`, what the main job would run with.
 
     .venv/bin/python benchmarks/bench_recipes.py                          # the full protocol: ~2.4 h
     .venv/bin/python benchmarks/bench_recipes.py --minutes 3 --shakespeare-seconds 180 --seeds 1
@@ -132,7 +132,8 @@ def main(argv=None) -> int:
 
     from andrea.config import PRESETS, count_params
     from andrea.errors import AndreaError
-    from andrea.mainjob import RECIPE_SETTINGS, MainJob
+    from andrea.mainjob import MainJob
+    from andrea.mainjob_settings import RECIPE_SETTINGS
     from andrea.train import train
     from andrea.trainconfig import RECIPES, TrainConfig
 

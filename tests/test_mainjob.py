@@ -57,7 +57,8 @@ def test_repeated_ngram_share_counts_4grams_seen_before():
 def test_the_main_job_shape_follows_the_device_unless_named():
     """The GPU logic on a CPU: on CUDA the job trains andrea-12m at 32 x 1024 with patience on
     validation; on a CPU the CPU model; a preset or size the user names wins on either."""
-    from andrea.mainjob import SHAPES, MainJob
+    from andrea.mainjob import MainJob
+    from andrea.mainjob_settings import SHAPES
 
     assert MainJob().shape("cuda") == SHAPES["cuda"] and SHAPES["cuda"]["preset"] == "andrea-12m"
     assert (SHAPES["cuda"]["batch_size"], SHAPES["cuda"]["seq_len"]) == (32, 1024) and SHAPES["cuda"]["patience"] > 0
@@ -68,7 +69,7 @@ def test_the_main_job_shape_follows_the_device_unless_named():
     # the vocabulary: andrea-cpu's own on a CPU; on CUDA the 12m's body with the main job's segments,
     # unless a preset is named (its own vocabulary) or segments are
     from andrea.config import get_preset
-    from andrea.mainjob import MAIN_SEGMENTS
+    from andrea.mainjob_settings import MAIN_SEGMENTS
 
     assert get_preset("andrea-cpu").n_segments == MAIN_SEGMENTS and MainJob().shape("cpu")["segments"] is None
     assert MainJob().shape("cuda")["segments"] == MAIN_SEGMENTS
@@ -91,6 +92,7 @@ def test_main_job_refuses_a_budget_or_vocabulary_out_of_range(flag, value, why, 
 def test_main_job_segments_set_the_models_vocabulary(monkeypatch, tmp_path):
     """--segments N trains the preset's body with V = N + 257 on a tokenizer of N segments."""
     import andrea.mainjob as pipeline
+    from andrea.mainjob_settings import MAIN_SEGMENTS
 
     seen = {}
 
@@ -101,7 +103,7 @@ def test_main_job_segments_set_the_models_vocabulary(monkeypatch, tmp_path):
     monkeypatch.setattr(pipeline, "main_job_data", stop_before_data)
     for job, want in ((pipeline.MainJob(preset="andrea-tiny", segments=300), 300),
                       (pipeline.MainJob(preset="andrea-tiny"), 2048),
-                      (pipeline.MainJob(), pipeline.MAIN_SEGMENTS)):
+                      (pipeline.MainJob(), MAIN_SEGMENTS)):
         with pytest.raises(pipeline.AndreaError, match="stopped here"):
             pipeline.run_main_job(job, log=lambda *a: None)
         assert seen.pop("segments") == want

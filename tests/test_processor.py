@@ -203,11 +203,11 @@ def test_train_header_names_the_processor_and_the_choice(fresh, monkeypatch, tmp
 def test_doctor_prints_rates_the_choice_and_the_main_jobs_steps(fresh, monkeypatch, capsys):
     """`andrea doctor --json` with the main job's step timed on a tiny preset (the real one takes
     seconds a step): its step count is the minutes over the measured step."""
-    import andrea.mainjob as mainjob
+    from andrea.mainjob_settings import SHAPES
 
-    monkeypatch.setitem(mainjob.SHAPES["cpu"], "preset", "andrea-tiny")
-    monkeypatch.setitem(mainjob.SHAPES["cpu"], "batch_size", 2)
-    monkeypatch.setitem(mainjob.SHAPES["cpu"], "seq_len", 32)
+    monkeypatch.setitem(SHAPES["cpu"], "preset", "andrea-tiny")
+    monkeypatch.setitem(SHAPES["cpu"], "batch_size", 2)
+    monkeypatch.setitem(SHAPES["cpu"], "seq_len", 32)
     assert main(["doctor", "--json", "--steps", "1", "--minutes", "2"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["f32_gflops"] > 0 and r["bf16_gflops"] > 0 and r["verdict_source"] == "measured"

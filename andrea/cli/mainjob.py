@@ -45,7 +45,7 @@ def cmd_main(args) -> int:
 
 
 def register(sub) -> None:
-    from andrea.mainjob import MAIN_RECIPE, RECIPE_SETTINGS
+    from andrea.mainjob_settings import MAIN_RECIPE, RECIPE_SETTINGS
     from andrea.trainconfig import SAMPLING
 
     p = sub.add_parser("main", help="the main job: fetch the corpus, fit the tokenizer, train a CPU model, sample",
