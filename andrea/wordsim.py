@@ -5,7 +5,9 @@ pairs rated for relatedness) are scored by Spearman's ρ between the people's ra
 of the two words' vectors; the Google analogy set (19,544 questions "a is to b as c is to d") by
 3CosAdd accuracy. The three files come from one pinned package on PyPI, gensim 4.4.0's wheel for
 CPython 3.11 on manylinux 2.28 (it ships them as test data; nothing of gensim is installed or run),
-fetched once with pip into `~/.cache/andrea/wordsets` (or `$ANDREA_CACHE`), SHA-256 checked.
+fetched once with pip into `~/.cache/andrea/wordsets` (or `$ANDREA_CACHE`), SHA-256 checked. The
+record kept beside them (meta.json) holds each file's size and SHA-256, and every read checks
+both, so a file changed in place, even to the same size, is named and fetched again.
 
 A word's vector. Words are looked up in their word-initial form, " cat", as they occur inside
 running text. A word that is one token has that token's row; any other word the mean of its
@@ -114,17 +116,19 @@ def extract_wordsets(wheel: Path, staging: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
         raise AndreaError(f"{Path(wheel).name} is not the wheel expected ({e}).") from None
     sizes = {file: (staging / file).stat().st_size for file in WORDSET_FILES.values()}
+    digests = {file: hashlib.sha256((staging / file).read_bytes()).hexdigest() for file in WORDSET_FILES.values()}
     meta = {"package": WORDSETS_WHEEL, "sha256": digest, "licence": WORDSETS_LICENCE, "files": WORDSET_FILES,
-            "sizes": sizes}
+            "sizes": sizes, "file_sha256": digests}
     (staging / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 
 MAX_WORDSET_BYTES = 4 << 20  # the largest of the three files is about 600 KB
 
 
-def _wordset_text(path: Path, size: int | None) -> str:
-    """One set's file as text: a regular file, of the size recorded at fetch, at most
-    MAX_WORDSET_BYTES, UTF-8; else one sentence naming it."""
+def _wordset_text(path: Path, size: int | None, digest: str | None = None) -> str:
+    """One set's file as text: a regular file, of the size and SHA-256 recorded at fetch, at most
+    MAX_WORDSET_BYTES, UTF-8; else one sentence naming it (a record from before digests were kept
+    is checked by size)."""
     check_regular(path, "the word-set file")
     actual = path.stat().st_size
     if actual > MAX_WORDSET_BYTES:
@@ -135,17 +139,24 @@ def _wordset_text(path: Path, size: int | None) -> str:
                           f"run `andrea data fetch wordsets` again.")
     with open(path, "rb") as f:
         raw = f.read(MAX_WORDSET_BYTES + 1)
+    if digest is not None and hashlib.sha256(raw).hexdigest() != digest:
+        raise AndreaError(f"{path} no longer holds the bytes it was fetched with (its SHA-256 differs): it is damaged; "
+                          f"run `andrea data fetch wordsets` again.")
     return utf8_text(raw, str(path), "run `andrea data fetch wordsets` again")
 
 
-def _recorded_sizes(root: Path) -> dict:
-    """The sizes meta.json recorded at fetch (an older record has none: every size is then taken)."""
+def _recorded(root: Path) -> tuple[dict, dict]:
+    """(sizes, SHA-256 digests) meta.json recorded at fetch, by file (an older record has none of
+    one or both: what it lacks is not checked)."""
     try:
         meta = read_json(root / "meta.json", "the word sets' record")
     except AndreaError:
-        return {}
-    sizes = meta.get("sizes") if isinstance(meta, dict) else None
-    return {k: v for k, v in sizes.items() if is_int(v)} if isinstance(sizes, dict) else {}
+        return {}, {}
+    meta = meta if isinstance(meta, dict) else {}
+    sizes, digests = meta.get("sizes"), meta.get("file_sha256")
+    sizes = {k: v for k, v in sizes.items() if is_int(v)} if isinstance(sizes, dict) else {}
+    digests = {k: v for k, v in digests.items() if isinstance(v, str)} if isinstance(digests, dict) else {}
+    return sizes, digests
 
 
 def wordsets_problem(root: Path | None = None) -> str | None:
@@ -198,11 +209,11 @@ def load_wordsets(path: Path | None = None) -> WordSets:
     root = Path(path) if path else wordsets_dir()
     if not (root / "meta.json").exists() and path is None:
         raise AndreaError("the word-similarity sets are not fetched yet; run `andrea data fetch wordsets` first.")
-    texts, sizes = {}, _recorded_sizes(root)
+    texts, (sizes, digests) = {}, _recorded(root)
     for name, file in WORDSET_FILES.items():
         if not (root / file).exists() and not (root / file).is_symlink():
             raise AndreaError(f"{root / file} is missing; run `andrea data fetch wordsets` again.")
-        texts[name] = _wordset_text(root / file, sizes.get(file))
+        texts[name] = _wordset_text(root / file, sizes.get(file), digests.get(file))
     pairs = {name: parse_pairs(texts[name], str(root / WORDSET_FILES[name])) for name in PAIR_SETS}
     return WordSets(pairs, parse_analogies(texts["analogies"], str(root / WORDSET_FILES["analogies"])))
 

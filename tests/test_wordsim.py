@@ -243,10 +243,10 @@ def test_pairs_of_words_that_stand_alone_are_scored_apart_when_usage_is_known():
 
 
 @pytest.mark.hostile
-@pytest.mark.parametrize("damage", ["fifo", "dev-zero", "not-utf8", "resized", "huge"])
+@pytest.mark.parametrize("damage", ["fifo", "dev-zero", "not-utf8", "resized", "huge", "same-size"])
 def test_a_damaged_word_set_cache_is_named_listed_and_fetched_again(tmp_path, monkeypatch, capsys, damage):
     """Each file of the fetched sets is checked as a fetched source is: a regular file, of the size
-    recorded at fetch, bounded, UTF-8. A damaged one is one sentence naming it; `andrea data list`
+    and SHA-256 recorded at fetch, bounded, UTF-8. A damaged one is one sentence naming it; `andrea data list`
     shows it damaged; the commands that only score go on without the sets, saying why; and
     `andrea data fetch wordsets` fetches it again instead of trusting the record."""
     import os
@@ -275,6 +275,10 @@ def test_a_damaged_word_set_cache_is_named_listed_and_fetched_again(tmp_path, mo
         target.write_bytes(b"# h\ncaf\xe9\tdog\t8\nking\tqueen\t7\n")
     elif damage == "resized":
         target.write_text("# h\ncat\tdog\t8\n")
+    elif damage == "same-size":  # other ratings in as many bytes: only the recorded SHA-256 tells
+        before = target.read_bytes()
+        target.write_bytes(before.replace(b"dog\t8", b"dog\t1"))
+        assert target.stat().st_size == len(before) and target.read_bytes() != before
     else:
         with open(target, "wb") as f:
             f.truncate(MAX_WORDSET_BYTES + 1)
