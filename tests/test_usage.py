@@ -238,3 +238,54 @@ def test_a_shard_id_past_v_ends_usage_counting_in_one_sentence_and_a_killed_writ
     shard.write_bytes(bytes(raw))
     with pytest.raises(AndreaError, match="holds token id"):
         data_usage(TokenData(out), TOK)
+
+
+def _run_on(tmp_path, data_dir, tok):
+    """A run folder of a tiny model with `tok`, whose train.json names data_dir."""
+    import json
+
+    import torch
+
+    from andrea.checkpoint import save_checkpoint
+    from andrea.config import ModelConfig
+    from andrea.model import ANDREA
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=tok.vocab_size, n_embd=8, n_head=2, n_layer=1, block_size=8)
+    run = tmp_path / "run"
+    run.mkdir()
+    save_checkpoint(run / "latest.safetensors", cfg, ANDREA(cfg).state_dict(), meta={"step": 1, "tokenizer": tok.to_dict()})
+    (run / "train.json").write_text(json.dumps({"data": str(data_dir)}))
+    return run
+
+
+@pytest.mark.hostile
+def test_the_commands_and_the_lab_count_again_over_a_forged_usage_file_and_refuse_another_tokenizers_data(
+        tmp_path, capsys):
+    import json
+
+    from starlette.testclient import TestClient
+
+    from andrea.cli import main
+    from andrea.embed import load_subject
+    from andrea.web.lab import create_app
+
+    out = _folder(tmp_path, (" cats cats cats cat dog dog pet.\n\n") * 4000)
+    run = _run_on(tmp_path, out, TOK)
+    truth = data_usage(TokenData(out), TOK)
+    _forged(out / USAGE_FILE, next_counts=np.zeros((TOK.vocab_size, 8, 2), np.int64), count=truth.count * 0.5)
+    assert main(["embed", "neighbors", "--checkpoint", str(run), "cat", "--whole-words"]) == 0
+    assert "␣cat stands alone in 25% of its" in capsys.readouterr().out
+    _forged(out / USAGE_FILE, alone=np.full(TOK.vocab_size, np.nan))
+    with TestClient(create_app(load_subject(run)), raise_server_exceptions=False) as c:
+        r = c.post("/api/token", json={"word": "cat", "k": 3})
+        assert r.status_code == 200 and r.json()["usage"]["standalone_share"] == pytest.approx(truth.share(CAT))
+    # the same folder under a model of another tokenizer of the same V: no figures, and why
+    other = HarrisTokenizer([" cot", "z", " dig", "úx", "ohgery"])
+    assert other.vocab_size == TOK.vocab_size
+    (tmp_path / "b").mkdir()
+    run2 = _run_on(tmp_path / "b", out, other)
+    assert main(["embed", "neighbors", "--checkpoint", str(run2), "cot", "--json"]) == 0
+    reply = json.loads(capsys.readouterr().out)
+    assert "prepared with another tokenizer" in reply["usage_unknown"] and "stands alone" not in json.dumps(reply)
+    assert np.array_equal(data_usage(TokenData(out), TOK).count, truth.count)  # nothing wrong was kept
