@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 
 _HOMES = {"ANDREA": "andrea.model", "KVCache": "andrea.model", "AndreaError": "andrea.errors",
           "ModelConfig": "andrea.config", "PRESETS": "andrea.config", "count_params": "andrea.config",
-          "get_preset": "andrea.config", "param_rows": "andrea.config", "load": "andrea.generate"}
+          "get_preset": "andrea.config", "param_rows": "andrea.config", "load": "andrea.decoding.generate"}
 
 __all__ = sorted(_HOMES)
 

@@ -38,8 +38,8 @@ import torch
 
 from andrea.checkpoint import load_model
 from andrea.config import BOS, N_SPECIAL, get_preset, norm_params, param_rows
+from andrea.decoding.generate import TextGenerator, stream_ids
 from andrea.errors import AndreaError, longer_than_context
-from andrea.generate import TextGenerator, stream_ids
 from andrea.model import ANDREA
 from andrea.tokenizer import HarrisTokenizer, label_bytes
 from andrea.usage import STANDALONE_RULE

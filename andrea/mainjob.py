@@ -19,9 +19,9 @@ from andrea.cache import shards_dir, tokenizers_dir
 from andrea.checkpoint import load_checkpoint, load_model
 from andrea.config import N_SPECIAL, get_preset
 from andrea.corpus import DEFAULT_SOURCE_NAMES, fetch_default_corpus, source_key
+from andrea.decoding.generate import TextGenerator
 from andrea.errors import AndreaError
 from andrea.evaluate import final_evaluation, token_byte_lengths
-from andrea.generate import TextGenerator
 from andrea.mainjob_settings import MAIN_RECIPE, RECIPE_SETTINGS, SHAPES
 from andrea.metrics import read_metrics
 from andrea.model import ANDREA, tune_for_training

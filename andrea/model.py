@@ -38,7 +38,7 @@ class KVCache:
     has the same shapes (what a CUDA graph needs); its caller keeps `length`.
 
     The cache only stores: how the weights are multiplied while decoding is the decode plan's
-    business (`andrea.decode_plan`), passed to the model as `linear`.
+    business (`andrea.decoding.plan`), passed to the model as `linear`.
     """
 
     def __init__(self, cfg: ModelConfig, batch_size: int, max_len: int | None = None, device=None, dtype=torch.float32):
@@ -366,7 +366,7 @@ class ANDREA(nn.Module):
         With targets and the loss computed in chunks (`loss_chunk`; the default) the
         logits are never made whole, and None is returned in their place. With a cache, ids
         continue the cached sequence at position cache.length. `linear(x, key, weight)` replaces
-        the plain `x @ weightᵀ` of every matrix (a decode plan's weight layouts, andrea.decode_plan):
+        the plain `x @ weightᵀ` of every matrix (a decode plan's weight layouts, andrea.decoding.plan):
         `key` names the matrix (("qkv", layer), ("wo", layer), ("fc1", layer), ("fc2", layer) or
         "lm_head") and `weight` is the tensor, or a function that makes it (the stacked q/k/v).
         With `rows` (batched decoding) ids is (B, 1), each row's token at its own position of its

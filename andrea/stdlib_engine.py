@@ -15,7 +15,7 @@ The model, one token at a time with a KV cache (plain lists):
     logits = lm_head·ln_f(x)
 The tokenizer follows HarrisTokenizer's rule: split into words with WORD_PATTERN, then take the
 longest segment at each position of a word, else the UTF-8 bytes of one character. Generation
-follows andrea.generate: it stops at BOS, and past the context the window restarts from its last
+follows andrea.decoding.generate: it stops at BOS, and past the context the window restarts from its last
 half. Sampling: greedy (temperature 0), else logits / temperature, top-k, one draw from
 random.Random(seed).
 """

@@ -59,6 +59,7 @@ from andrea.audit import coherence_score, make_auditor
 from andrea.checkpoint import save_checkpoint
 from andrea.config import BOS, ModelConfig
 from andrea.curriculum import make_curriculum, pick_source
+from andrea.decoding.generate import generate_ids
 from andrea.distributed import (
     all_finite,
     any_rank,
@@ -79,7 +80,6 @@ from andrea.files import (
     remove_dead_temps,
 )
 from andrea.flops import flops_per_token, peak_flops
-from andrea.generate import generate_ids
 from andrea.memory import check_training_memory
 from andrea.metrics import Meter, append_row
 from andrea.model import ANDREA, loss_chunk_rows

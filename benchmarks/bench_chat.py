@@ -1,7 +1,7 @@
 """Does the main job's model answer in the chat format? Replies to a fixed set of lines, measured.
 
 Each of PROMPTS is sent, as the first line of a new conversation, to `andrea chat`'s own code
-(`andrea.generate.Chat`, which `andrea serve`'s chat completions share through
+(`andrea.decoding.generate.Chat`, which `andrea serve`'s chat completions share through
 `chat_prompt_ids`) with its defaults: temperature 1.0, no top-k or top-p, at most 256 new tokens.
 Once per seed. A reply is empty when it holds nothing but spaces; it ends at the turn's end when
 the model wrote a newline (the turn format's end of a reply), at BOS, or at the length limit.
@@ -61,7 +61,7 @@ def newest_main_run(root: Path = Path("runs")) -> Path:
 
 def measure(checkpoint: Path, prompts: list[str], seeds, max_new_tokens: int) -> dict:
     """Every reply to every prompt under every seed, with how it ended."""
-    from andrea.generate import load
+    from andrea.decoding.generate import load
 
     generator = load(checkpoint)
     replies = []
@@ -111,7 +111,7 @@ def main(argv=None) -> int:
     print("## Chatting with the main job's model\n")
     print(f"machine: {machine_line()}\n")
     print(f"{len(PROMPTS)} opening lines × seeds {', '.join(map(str, args.seeds))} ({n} replies per model), each the "
-          f"first turn of a new `andrea chat` conversation (`andrea.generate.Chat`, temperature 1.0, at most "
+          f"first turn of a new `andrea chat` conversation (`andrea.decoding.generate.Chat`, temperature 1.0, at most "
           f"{args.max_new_tokens} new tokens). Non-empty: the reply holds more than spaces. Ends at the turn: the model "
           f"wrote the newline that ends a reply in the turn format; at the limit: it wrote {args.max_new_tokens} tokens "
           f"without one.\n")

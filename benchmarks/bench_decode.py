@@ -1,6 +1,6 @@
 """Decode speed at batch 1: andrea's KV cache, andrea without a cache, and transformers' GPT-2.
 
-andrea decodes as it does by default (on a CPU the decode plan's "direct" step, andrea.decode_plan)
+andrea decodes as it does by default (on a CPU the decode plan's "direct" step, andrea.decoding.plan)
 and, as a second arm, through its modules ("dynamic"), the same arithmetic, so what the direct
 step saves is measured in the same run. The decoders take turns for --rounds rounds, in one order
 and then the reverse; each is timed by its fastest round (the median is printed beside it), after
@@ -30,7 +30,7 @@ import time
 import torch
 
 from andrea.config import get_preset
-from andrea.generate import generate_ids
+from andrea.decoding.generate import generate_ids
 from andrea.model import ANDREA
 
 

@@ -305,7 +305,7 @@ CHAT_SOAK = [{"role": "user", "content": "Who are you"}, {"role": "assistant", "
 
 def references(g, texts: list[str], n_tokens: int) -> tuple[list[str], str]:
     """The library's greedy continuations of texts, and its chat reply (run with the server's threads)."""
-    from andrea.generate import Chat
+    from andrea.decoding.generate import Chat
 
     greedy = [g.generate(p, n_tokens, greedy=True) for p in texts]
     chat = Chat(g, n_tokens, greedy=True)
@@ -459,7 +459,7 @@ def main() -> int:
         say(f"bench_serve: server on port {server.port} ({server.threads} torch threads); references ...")
         import torch
 
-        from andrea.generate import load
+        from andrea.decoding.generate import load
 
         torch.set_num_threads(server.threads)  # the server's: the greedy references are its tokens
         g = load(checkpoint)

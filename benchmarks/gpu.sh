@@ -52,7 +52,7 @@ if [ -z "$PY" ]; then
 fi
 # andrea itself needs only torch here: it is used from the working tree, not installed
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-if ! err=$("$PY" -c "import andrea.model, andrea.generate, andrea.decode_plan, andrea.flops" 2>&1); then
+if ! err=$("$PY" -c "import andrea.model, andrea.decoding.generate, andrea.decoding.plan, andrea.flops" 2>&1); then
   echo "gpu.sh: andrea does not import with $PY: $(echo "$err" | tail -n 1)" >&2
   exit 1
 fi

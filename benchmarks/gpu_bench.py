@@ -203,8 +203,8 @@ def cmd_train(args) -> int:
 def cmd_decode(args) -> int:
     from bench_decode import gpt2_peer
 
-    from andrea.decode_plan import DecodePlan
-    from andrea.generate import generate_ids
+    from andrea.decoding.generate import generate_ids
+    from andrea.decoding.plan import DecodePlan
 
     device = device_for(args.dry_run)
     setup(device)

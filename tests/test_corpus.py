@@ -258,7 +258,7 @@ def test_chitchat_reader_keeps_the_turns_in_andreas_format():
 def test_a_chitchat_document_is_what_andrea_chat_shows_the_model():
     """The model, after BOS, sees `> line\n< ` before its reply (generate.chat_prompt_ids), and
     its reply ends at a newline: the training text is that, turn after turn."""
-    from andrea.generate import chat_prompt_ids
+    from andrea.decoding.generate import chat_prompt_ids
 
     class Chars:  # a tokenizer of one id per character, enough to read back what the model sees
         def encode(self, text, bos=False):

@@ -7,11 +7,11 @@ import torch
 import torch.nn.functional as F
 from helpers import unit_model as generate_model
 
-import andrea.decode_plan as decode
+import andrea.decoding.plan as decode
 from andrea.config import ACTIVATIONS, NORMS, POSITION_SCHEMES, ModelConfig
-from andrea.decode_plan import CPULayouts, DecodePlan, StackedQKV, kept_layouts, row_times
+from andrea.decoding.generate import BOS, generate_ids
+from andrea.decoding.plan import CPULayouts, DecodePlan, StackedQKV, kept_layouts, row_times
 from andrea.errors import AndreaError
-from andrea.generate import BOS, generate_ids
 from andrea.model import ANDREA, KVCache, chunked_cross_entropy
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -16,6 +16,7 @@ from helpers import cli
 from andrea.checkpoint import save_checkpoint
 from andrea.cli import main
 from andrea.config import ModelConfig, get_preset
+from andrea.decoding.generate import generate_ids
 from andrea.embed import (
     ByteTokenizer,
     attention,
@@ -38,7 +39,6 @@ from andrea.embed import (
 )
 from andrea.errors import AndreaError
 from andrea.formats.projector import write_projector
-from andrea.generate import generate_ids
 from andrea.model import ANDREA
 from andrea.plots import plot_map, plot_parameter_groups, plot_position_similarity
 from andrea.positions import sinusoidal_table

@@ -13,8 +13,17 @@ from helpers import cli, need_time, one_sentence, peak_rss, process_sentence, un
 import andrea
 from andrea.checkpoint import save_checkpoint
 from andrea.cli import main
+from andrea.decoding.generate import (
+    BOS,
+    Chat,
+    TextGenerator,
+    generate_ids,
+    sample_next,
+    stream_ids,
+    stream_text_pieces,
+    window_keep,
+)
 from andrea.errors import AndreaError
-from andrea.generate import BOS, Chat, TextGenerator, generate_ids, sample_next, stream_ids, stream_text_pieces, window_keep
 from andrea.tokenizer_train import train_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -472,7 +481,7 @@ def test_a_prompt_without_end_is_refused_not_read(audited_run):
 def test_tiny_temperatures_and_top_p_are_the_argmax(lab_checkpoint):
     """temperature and top-p 1e-300 (and 5e-324, the smallest float above 0) are allowed
     values: every draw is the most likely token, on random logits with a clear maximum."""
-    from andrea.generate import sample_next
+    from andrea.decoding.generate import sample_next
 
     gen = torch.Generator().manual_seed(0)
     for trial in range(50):
@@ -525,7 +534,7 @@ def test_seeds_at_and_past_the_edge(lab_checkpoint, capsys, monkeypatch):
                  ["lab", "--preset", "andrea-tiny", "--seed", 2**70, "--port", "0"]):
         code, _, err = cli(capsys, *args)
         assert "seed must be an integer in 0..2^64-1" in one_sentence(code, err)
-    from andrea.generate import load
+    from andrea.decoding.generate import load
 
     chat = load(lab_checkpoint).chat(max_new_tokens=6, seed=2**64 - 1)
     replies = ["".join(chat.reply(line)) for line in ("hello", "the cat", "and the dog")]

@@ -27,7 +27,7 @@ def test_main_job_runs_end_to_end(tmp_path, capsys):
     # the samples come from the best checkpoint (best.safetensors where an evaluation wrote one),
     # one greedy and one sampled continuation per prompt, each with its share of repeated 4-grams
     from andrea.checkpoint import load_checkpoint, load_model
-    from andrea.generate import TextGenerator
+    from andrea.decoding.generate import TextGenerator
     from andrea.mainjob import repeated_ngram_share
 
     best = out / "best.safetensors"

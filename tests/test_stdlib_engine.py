@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from andrea import stdlib_engine
 from andrea.checkpoint import Checkpoint
 from andrea.config import ModelConfig
+from andrea.decoding.generate import TextGenerator, generate_ids
 from andrea.formats import write_model
-from andrea.generate import TextGenerator, generate_ids
 from andrea.model import ANDREA
 from andrea.tokenizer import HarrisTokenizer
 
@@ -83,7 +83,7 @@ def test_engine_logits_match_the_torch_model(tmp_path, changes):
 
 @pytest.mark.parametrize("block_size, n_new", [(48, 20), (12, 30)])
 def test_engine_greedy_tokens_match_generate(tmp_path, block_size, n_new):
-    # block_size 12: the window slides several times, as andrea.generate slides it
+    # block_size 12: the window slides several times, as andrea.decoding.generate slides it
     model = tiny_model(1, block_size=block_size)
     m = stdlib_engine.Model.load(to_json(model, tmp_path / "m.json"))
     prompt = TOKENIZER.encode("the dog and the cat")

@@ -17,11 +17,11 @@ import openai
 import pytest
 import torch
 
-from andrea.batching import BatchDecoder, generate_batch
 from andrea.config import BOS, ModelConfig
+from andrea.decoding.batching import BatchDecoder, generate_batch
+from andrea.decoding.generate import Chat, generate_ids
+from andrea.decoding.generate import load as load_generator
 from andrea.errors import AndreaError
-from andrea.generate import Chat, generate_ids
-from andrea.generate import load as load_generator
 from andrea.model import ANDREA
 
 KEY = "sk-test-key"
@@ -71,7 +71,7 @@ def test_slots_are_joined_left_and_reused():
         dec.join([])
 
 
-# one thread and two: with two, the decode plan splits every matrix in two blocks (andrea.decode_plan);
+# one thread and two: with two, the decode plan splits every matrix in two blocks (andrea.decoding.plan);
 # two threads on a tiny model are slow where other work shares the cores, so that case is smaller
 @pytest.mark.parametrize("pos,n_threads,n", [("learned", 1, 9), ("rope", 1, 9),
                                              pytest.param("learned", 2, 4, marks=pytest.mark.slow)])
@@ -506,17 +506,17 @@ def test_a_request_not_streamed_whose_client_hangs_up_frees_its_slot(server):
 
 SLOW_LOAD = """
 import sys, time
-import andrea.generate
+import andrea.decoding.generate
 from andrea.cli import main
 
-real = andrea.generate.load
+real = andrea.decoding.generate.load
 
 def slow_load(*args):  # the real load, after a pause in which the signal arrives
     print("loading", flush=True)
     time.sleep(30)
     return real(*args)
 
-andrea.generate.load = slow_load
+andrea.decoding.generate.load = slow_load
 sys.exit(main(["serve", "--checkpoint", sys.argv[1], "--port", "0"]))
 """
 

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 import torch
 
-from andrea.generate import load as load_generator
+from andrea.decoding.generate import load as load_generator
 from andrea.web.http import RequestError
 from andrea.web.scheduler import Job, Reply, Scheduler
 

@@ -20,7 +20,7 @@ def _check_prompt(prompt: str) -> str:
 
 
 def _sampling(args) -> dict:
-    from andrea.generate import check_sampling
+    from andrea.decoding.generate import check_sampling
 
     check_sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed)
     return dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
@@ -41,7 +41,7 @@ def _device(args) -> str:
 
 
 def cmd_generate(args) -> int:
-    from andrea.generate import load
+    from andrea.decoding.generate import load
 
     sampling = _sampling(args)
     if args.prompt is not None:
@@ -61,7 +61,7 @@ def cmd_generate(args) -> int:
 
 
 def cmd_chat(args) -> int:
-    from andrea.generate import load
+    from andrea.decoding.generate import load
 
     sampling = _sampling(args)
     chat = load(args.checkpoint, _device(args)).chat(**sampling)

@@ -62,7 +62,7 @@ def cmd_serve(args) -> int:
 def _serve(args) -> int:
     import torch
 
-    from andrea.generate import load
+    from andrea.decoding.generate import load
     from andrea.web.api import Served, ServeServer, model_id
 
     if args.threads is not None:

@@ -1,20 +1,20 @@
 """Continuous batching: many generations decoded together, one forward per step.
 
 A `BatchDecoder` holds one KV cache of `max_batch` slots, each a whole context long. A sequence
-`join`s a free slot (its prompt runs alone, as `andrea.generate` runs it), and from then on every
+`join`s a free slot (its prompt runs alone, as `andrea.decoding.generate` runs it), and from then on every
 `step` samples one token for every sequence in its slot and feeds the tokens that go on back as
 one forward over all of them, each at its own position in its own slot. Sequences join and `leave`
 between steps; a slot left is free for the next one at once. The windows slide as in
-`andrea.generate`: a sequence whose window is full re-runs its last `block_size // 2` tokens alone.
+`andrea.decoding.generate`: a sequence whose window is full re-runs its last `block_size // 2` tokens alone.
 
 Batch invariance. The tokens of a sequence do not depend on what else is in the batch:
 
 - everything a row computes apart from its matrix products (the embedding sum, the norms, the
   activation, the residual sums) is computed row by row by torch's kernels, whichever rows sit
   beside it; attention runs once per sequence over its own slot's filled positions, the same call
-  `andrea.generate` makes (the step is the model's own forward with `andrea.model.Rows`);
+  `andrea.decoding.generate` makes (the step is the model's own forward with `andrea.model.Rows`);
 - a greedy sequence's matrix products run on its one row alone, exactly as the decode plan of
-  `andrea.generate` runs them, so its tokens are token for token those of `andrea generate --greedy`;
+  `andrea.decoding.generate` runs them, so its tokens are token for token those of `andrea generate --greedy`;
 - the sampled sequences' rows are multiplied together, in one product of at least `MIN_ROWS` rows
   (padded with zero rows): BLAS picks one kernel for every product of that many rows or more,
   and a row's result does not depend on the others (tests/test_web_api.py checks it on the machine
@@ -32,9 +32,9 @@ import torch
 import torch.nn.functional as F
 
 from andrea.config import BOS
-from andrea.decode_plan import CPULayouts, attention_kernels
+from andrea.decoding.generate import check_prompt_ids, check_sampling, sample_next, window_keep
+from andrea.decoding.plan import CPULayouts, attention_kernels
 from andrea.errors import AndreaError
-from andrea.generate import check_prompt_ids, check_sampling, sample_next, window_keep
 from andrea.model import KVCache, Rows
 
 MIN_ROWS = 4  # the sampled rows of a step are multiplied as at least this many (zero rows pad)

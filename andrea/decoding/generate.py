@@ -3,7 +3,7 @@
 Each new token costs one position of compute: the prompt is run once through the model with a
 `KVCache`, then every sampled token is fed alone and its keys and values are appended. How the
 steps run on the device (weight layouts, fixed shapes, CUDA graphs) is the decode plan's choice
-(`andrea.decode_plan`).
+(`andrea.decoding.plan`).
 
 Sliding window. Positions are a learned table of `block_size` rows and cannot extrapolate, so a
 sequence never sits at positions past `block_size - 1`. The model sees a window `seq[w:]` of the
@@ -33,7 +33,7 @@ import torch
 
 from andrea.checkpoint import load_model
 from andrea.config import BOS
-from andrea.decode_plan import MODES, DecodePlan
+from andrea.decoding.plan import MODES, DecodePlan
 from andrea.errors import AndreaError
 from andrea.validate import check_seed
 
@@ -140,7 +140,7 @@ def stream_ids(model, prompt_ids, max_new_tokens: int = 256, temperature: float 
 
     Arguments are checked here, before the first token; `stop_at_bos=False` lets a BOS through
     as an ordinary token (for measurements that need a run of fixed length). `decode` is the
-    decode plan's mode (andrea.decode_plan: auto, dynamic, direct, static or graph); without a cache every
+    decode plan's mode (andrea.decoding.plan: auto, dynamic, direct, static or graph); without a cache every
     token recomputes its window. `on_step(logits, token)`, when given, sees each token's (V,)
     logits as it is picked (the lab shows them).
     """

@@ -3,7 +3,7 @@
 The model computes (`ANDREA.forward` with a `KVCache`, and `ANDREA.step`, its fixed-shape
 one-token step); the plan decides how: the layout each weight is multiplied in, whether every
 step has the same shapes, which attention kernel runs, and whether the step is replayed as a
-CUDA graph. `andrea.generate` makes one plan per generation (the weights do not change during
+CUDA graph. `andrea.decoding.generate` makes one plan per generation (the weights do not change during
 one), runs the prompt through `prefill` and every new token through `step`.
 
 Modes:

@@ -10,7 +10,7 @@ The fields, answers, stream chunks (server-sent events ending in `data: [DONE]`)
 `finish_reason` (`stop` at a stop string, the end of a chat reply or BOS; `length` at max_tokens)
 are OpenAI's (`andrea.web.protocol`). `top_k` is an extension; a field given as null reads as its
 default. A chat is written in ANDREA's turn format, as `andrea chat` writes it
-(`andrea.generate.chat_prompt_ids`): BOS, the system messages as lines of text, then
+(`andrea.decoding.generate.chat_prompt_ids`): BOS, the system messages as lines of text, then
 `> person\\n< model\\n` per turn, then `> last line\\n< `; the reply ends at the first newline, and
 the oldest turns are dropped when the whole would not fit the context with room for the reply.
 
@@ -45,8 +45,8 @@ import threading
 from pathlib import Path
 
 from andrea.config import BOS
+from andrea.decoding.generate import chat_prompt_ids
 from andrea.errors import AndreaError, longer_than_context
-from andrea.generate import chat_prompt_ids
 from andrea.validate import is_int
 from andrea.web.http import Guard, Limits, RequestError, UvicornServer, bind, check_text, loopback_hosts, read_body
 from andrea.web.protocol import (

@@ -1,6 +1,6 @@
 """The scheduler of `andrea serve`: one thread decoding every request together.
 
-One thread runs an `andrea.batching.BatchDecoder`: requests (`Job`s) wait in a queue of at most
+One thread runs an `andrea.decoding.batching.BatchDecoder`: requests (`Job`s) wait in a queue of at most
 `max_queue`, join a free slot of `max_batch` between steps, and leave when they end or their client
 hangs up. Each step admits what waits, drops the cancelled, ends what is overdue when stopping,
 samples one token for every slot and hands each job its text (`Reply`: whole UTF-8 characters, no
@@ -25,8 +25,8 @@ import collections
 import threading
 import time
 
-from andrea.batching import BatchDecoder
 from andrea.config import BOS
+from andrea.decoding.batching import BatchDecoder
 from andrea.errors import AndreaError
 from andrea.web.http import RequestError, logger
 
