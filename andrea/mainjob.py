@@ -131,7 +131,11 @@ def prepared_tokenizer(n_segments: int, names: list[str], log=print):
     """
     folder = tokenizer_folder(n_segments, names)
     if (folder / "harris_segments.json").exists():
-        return HarrisTokenizer.load(folder), folder
+        try:
+            return HarrisTokenizer.load(folder), folder
+        except (AndreaError, OSError, ValueError) as e:  # damaged: fitted again, what was there set aside
+            log(f"note: fitting the tokenizer again ({str(e).rstrip('.')})")
+            set_aside_strays(folder, log, everything=True)
     log(f"training the Harris tokenizer ({n_segments:,} segments), an equal share of text per source")
     texts, weights = load_training_texts(names, {n: 1.0 for n in names})
     tok = train_tokenizer(texts, n_segments, weights=weights, progress=True)
@@ -146,14 +150,27 @@ def prepared_data(tokenizer, source_names: list[str], log=print) -> Path:
         try:
             verify_shards(TokenData(folder), log)  # what training checks first, checked here so a failure heals
             return folder
-        except AndreaError as e:
+        except (AndreaError, OSError) as e:
             log(f"note: preparing the shards again ({str(e).rstrip('.')})")
+            set_aside_strays(folder, log)  # a folder, link or FIFO where a file belongs
             # a finished folder is trusted by prepare: forget what it recorded, so every shard is written anew
             for name in ("manifest.json", PROGRESS_FILE, VERIFIED_FILE):
                 (folder / name).unlink(missing_ok=True)
     log(f"tokenizing {len(source_names)} sources into {folder}")
     prepare(tokenizer, source_names, folder, log=log)
     return folder
+
+
+def set_aside_strays(folder: Path, log=print, everything: bool = False) -> None:
+    """Rename aside what in a cached folder is not a regular file (or, with `everything`, all it
+    holds), so that the stage can write its files there again; nothing is deleted."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for entry in sorted(folder.iterdir()) if folder.is_dir() else ():
+        if ".set-aside-" in entry.name or not (everything or entry.is_symlink() or not entry.is_file()):
+            continue
+        aside = entry.with_name(f"{entry.name}.set-aside-{stamp}")
+        entry.rename(aside)
+        log(f"note: {entry} was not a file of the cache's own; it is now {aside.name}")
 
 
 def fetch_scoring_sets(log=print) -> None:

@@ -138,3 +138,36 @@ def test_a_cached_shard_that_changed_is_prepared_again_and_the_folder_is_locked(
             prepare(tok, [str(tmp_path / "a.txt")], folder, log=lambda *a: None, progress=False)
     finally:
         held.release()
+
+
+@pytest.mark.hostile
+def test_a_folder_where_a_shard_belongs_or_a_damaged_tokenizer_is_rebuilt_and_nothing_deleted(tmp_path, monkeypatch):
+    """The main job's caches heal: a folder in a shard's place is set aside (renamed, not deleted)
+    and the shards are prepared again; a cached tokenizer that no longer reads is fitted again."""
+    import andrea.mainjob as mainjob
+    from andrea.shards import TokenData, verify_shards
+    from andrea.tokenizer import HarrisTokenizer
+
+    monkeypatch.setattr(mainjob, "shards_dir", lambda: tmp_path / "shards")
+    (tmp_path / "a.txt").write_text(" the cat sat on the mat.\n\n" * 4000)
+    tok = HarrisTokenizer([" the", " cat", " sat"])
+    lines = []
+    folder = mainjob.prepared_data(tok, [str(tmp_path / "a.txt")], log=lines.append)
+    shard = next(folder.glob("a.train.*.tok"))
+    shard.unlink()
+    shard.mkdir()
+    (shard / "keep.txt").write_text("mine")
+    assert mainjob.prepared_data(tok, [str(tmp_path / "a.txt")], log=lines.append) == folder
+    verify_shards(TokenData(folder))
+    kept = list(folder.glob(f"{shard.name}.set-aside-*/keep.txt"))
+    assert len(kept) == 1 and kept[0].read_text() == "mine"
+
+    monkeypatch.setattr(mainjob, "tokenizers_dir", lambda: tmp_path / "tokenizers")
+    monkeypatch.setattr(mainjob, "load_training_texts", lambda names, weights: ([" the cat sat on the mat."] * 50, None))
+    fitted, where = mainjob.prepared_tokenizer(5, ["a"], log=lines.append)
+    (where / "harris_segments.json").write_text("{not json")
+    again, where_again = mainjob.prepared_tokenizer(5, ["a"], log=lines.append)
+    assert where_again == where and again.fingerprint() == fitted.fingerprint()
+    assert any(line.startswith("note: fitting the tokenizer again") for line in lines), lines
+    assert list(where.glob("harris_segments.json.set-aside-*"))[0].read_text() == "{not json"
+
