@@ -76,6 +76,9 @@ class ByteTokenizer:
     def encode(self, text: str, bos: bool = True) -> list[int]:
         return ([BOS] if bos else []) + list(text.encode("utf-8", "surrogatepass"))
 
+    def word_ids(self, word: str) -> list[int]:
+        return self.encode(" " + word, bos=False)
+
     def token_bytes(self, i: int) -> bytes:
         return bytes([i]) if i < 256 else b""
 
@@ -254,7 +257,7 @@ def lookup(tokenizer, query: str, vocab_size: int, bare: bool = False) -> Lookup
         form, text = "bare", query
     else:
         form, text = "word-initial", " " + query
-    ids = tokenizer.encode(text, bos=False)
+    ids = tokenizer.word_ids(query) if form == "word-initial" else tokenizer.encode(text, bos=False)
     pieces = [tokenizer.id_to_piece(i) for i in ids]
     if len(ids) == 1:
         return Lookup(query, ids, pieces, form=form, text=text)

@@ -96,7 +96,7 @@ class Inputs:
 
 
 def _words(tokenizer, words) -> dict[str, list[int]]:
-    return {w: tokenizer.encode(" " + w, bos=False) for w in words}
+    return {w: tokenizer.word_ids(w) for w in words}
 
 
 def _label(tokenizer, ids) -> str:

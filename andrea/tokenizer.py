@@ -276,6 +276,11 @@ class HarrisTokenizer:
             ids.extend(chain.from_iterable(map(self._cache.__getitem__, WORD_RE.findall(text))))
         return ids
 
+    def word_ids(self, word: str) -> list[int]:
+        """The ids of a word as running text has it: its word-initial form, after a space (the
+        one home of "a word's tokens" for the lesson, `andrea embed` and the word sets)."""
+        return self.encode(" " + word, bos=False)
+
     def encode_batch(self, texts, bos: bool = True, workers: int | None = None) -> list[list[int]]:
         """encode of every text, in order; without the compiled module, large batches are split
         over worker processes."""

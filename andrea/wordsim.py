@@ -269,7 +269,7 @@ def word_index(tokenizer, vocab_size: int, sets: WordSets | None, extra=LESSON_W
     if sets is not None:
         words |= {w for pairs in sets.pairs.values() for a, b, _ in pairs for w in (a, b)}
         words |= {w for q in sets.analogies for w in q}
-    ids = {w: tokenizer.encode(" " + w, bos=False) for w in sorted(words)}
+    ids = {w: tokenizer.word_ids(w) for w in sorted(words)}
     pieces = {w: [tokenizer.id_to_piece(i) for i in t] for w, t in ids.items()}
     whole = np.flatnonzero(whole_word_mask(tokenizer, vocab_size)).astype(np.int64)
     return WordIndex(ids, pieces, whole, vocab_size)
