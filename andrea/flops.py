@@ -5,7 +5,8 @@ parameters that multiply (everything but the two lookup tables), plus 12·L·T·
 QKᵀ and AV products over a context of T. MFU = achieved FLOP/s ÷ peak.
 
 Peaks are bf16 dense tensor-core figures from the vendors' data sheets. On a CPU there is no data
-sheet figure we can trust, so the peak is measured: a large fp32 matmul with all threads.
+sheet figure we can trust, so the peak is measured: the fastest of a few large fp32 matmuls with
+all threads.
 """
 
 from __future__ import annotations
@@ -53,20 +54,23 @@ def gpu_peak_flops(name: str) -> float | None:
 _cpu_peak: float | None = None
 
 
-def measure_cpu_peak(n: int = 1024, seconds: float = 0.6, rounds: int = 3) -> float:
-    """fp32 matmul FLOP/s with the current torch thread count: the best of a few short rounds
-    (a busy machine only ever makes a round slower), measured once per process, then cached."""
+def measure_cpu_peak(sizes=(512, 1024, 2048), seconds: float = 1.2, rounds: int = 3) -> float:
+    """fp32 matmul FLOP/s with the current torch thread count: the best over square products of a
+    few sizes, each timed in a few short rounds (a busy machine only ever makes a round slower,
+    and which size BLAS runs fastest differs between machines and instruction sets), measured
+    once per process, then cached."""
     global _cpu_peak
     if _cpu_peak is None:
-        a, b = torch.randn(n, n), torch.randn(n, n)
-        torch.mm(a, b)
         best = 0.0
-        for _ in range(rounds):
-            reps, start = 0, time.perf_counter()
-            while time.perf_counter() - start < seconds / rounds:
-                torch.mm(a, b)
-                reps += 1
-            best = max(best, 2 * n**3 * reps / (time.perf_counter() - start))
+        for n in sizes:
+            a, b = torch.randn(n, n), torch.randn(n, n)
+            torch.mm(a, b)
+            for _ in range(rounds):
+                reps, start = 0, time.perf_counter()
+                while time.perf_counter() - start < seconds / rounds / len(sizes):
+                    torch.mm(a, b)
+                    reps += 1
+                best = max(best, 2 * n**3 * reps / (time.perf_counter() - start))
         _cpu_peak = best
     return _cpu_peak
 
