@@ -109,10 +109,7 @@ class Muon(torch.optim.Muon):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         for group in self.param_groups:
             lr, decay, mu = group["lr"], group["weight_decay"], group["momentum"]
             for p in group["params"]:
@@ -128,6 +125,14 @@ class Muon(torch.optim.Muon):
                 p.mul_(1 - lr * decay)
                 p.add_(update, alpha=-lr * muon_lr_ratio(group["adjust_lr_fn"], p.shape))
         return loss
+
+
+def closure_loss(closure):
+    """The loss a torch optimizer's `step(closure)` returns: the closure run with gradients on, or None."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
 
 
 def orthogonalize(g: torch.Tensor, coefficients, steps: int, eps: float, dtype: torch.dtype) -> torch.Tensor:
@@ -184,10 +189,7 @@ class Optimizers(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         for o in self.optimizers:
             o.step()
         return loss

@@ -33,7 +33,6 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from andrea.checkpoint import load_model
 from andrea.errors import AndreaError

@@ -109,22 +109,29 @@ def test_main_job_segments_set_the_models_vocabulary(monkeypatch, tmp_path):
         assert seen.pop("segments") == want
 
 
-def test_a_cached_shard_that_changed_is_prepared_again_and_the_folder_is_locked(tmp_path, monkeypatch):
-    """The main job's cached shards are checked as training checks them; one that fails (a byte
-    changed) makes the stage run again from nothing, and the next check passes. A preparation
-    holds the folder: a second one there is refused in one sentence, not interleaved."""
+def prepared_cache(tmp_path, monkeypatch):
+    """(the mainjob module, a tokenizer, its prepared shard folder, the log's lines): the main job's
+    shard stage run once on a small text, its cache under tmp_path."""
     import andrea.mainjob as mainjob
-    from andrea.errors import AndreaError
-    from andrea.files import FolderLock
-    from andrea.prepare import prepare
-    from andrea.shards import TokenData, verify_shards
     from andrea.tokenizer import HarrisTokenizer
 
     monkeypatch.setattr(mainjob, "shards_dir", lambda: tmp_path / "shards")
     (tmp_path / "a.txt").write_text(" the cat sat on the mat.\n\n" * 4000)
     tok = HarrisTokenizer([" the", " cat", " sat"])
     lines = []
-    folder = mainjob.prepared_data(tok, [str(tmp_path / "a.txt")], log=lines.append)
+    return mainjob, tok, mainjob.prepared_data(tok, [str(tmp_path / "a.txt")], log=lines.append), lines
+
+
+def test_a_cached_shard_that_changed_is_prepared_again_and_the_folder_is_locked(tmp_path, monkeypatch):
+    """The main job's cached shards are checked as training checks them; one that fails (a byte
+    changed) makes the stage run again from nothing, and the next check passes. A preparation
+    holds the folder: a second one there is refused in one sentence, not interleaved."""
+    from andrea.errors import AndreaError
+    from andrea.files import FolderLock
+    from andrea.prepare import prepare
+    from andrea.shards import TokenData, verify_shards
+
+    mainjob, tok, folder, lines = prepared_cache(tmp_path, monkeypatch)
     shard = next(folder.glob("a.train.*.tok"))
     raw = bytearray(shard.read_bytes())
     raw[-1] ^= 1
@@ -144,15 +151,9 @@ def test_a_cached_shard_that_changed_is_prepared_again_and_the_folder_is_locked(
 def test_a_folder_where_a_shard_belongs_or_a_damaged_tokenizer_is_rebuilt_and_nothing_deleted(tmp_path, monkeypatch):
     """The main job's caches heal: a folder in a shard's place is set aside (renamed, not deleted)
     and the shards are prepared again; a cached tokenizer that no longer reads is fitted again."""
-    import andrea.mainjob as mainjob
     from andrea.shards import TokenData, verify_shards
-    from andrea.tokenizer import HarrisTokenizer
 
-    monkeypatch.setattr(mainjob, "shards_dir", lambda: tmp_path / "shards")
-    (tmp_path / "a.txt").write_text(" the cat sat on the mat.\n\n" * 4000)
-    tok = HarrisTokenizer([" the", " cat", " sat"])
-    lines = []
-    folder = mainjob.prepared_data(tok, [str(tmp_path / "a.txt")], log=lines.append)
+    mainjob, tok, folder, lines = prepared_cache(tmp_path, monkeypatch)
     shard = next(folder.glob("a.train.*.tok"))
     shard.unlink()
     shard.mkdir()

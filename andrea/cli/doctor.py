@@ -8,6 +8,7 @@ from andrea.cli.common import print_json
 
 def cmd_doctor(args) -> int:
     import os
+    import sys
 
     import torch
 
@@ -19,6 +20,8 @@ def cmd_doctor(args) -> int:
         raise AndreaError(f"--steps must be at least 1, got {args.steps}.")
     if args.minutes <= 0:
         raise AndreaError(f"--minutes must be above 0, got {args.minutes:g}.")
+    print(f"measuring this processor's products and timing {args.steps + 1} of the main job's training steps ...",
+          file=sys.stderr, flush=True)
     verdict = bf16_verdict(refresh=True)  # measured now (and cached), unless ANDREA_BF16 sets it
     rates = verdict if verdict.f32_gflops is not None else measure()  # rates to show when the verdict is forced
     job = MainJob.on("cpu")
