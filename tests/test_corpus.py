@@ -369,7 +369,9 @@ def test_a_cache_an_earlier_reader_wrote_is_read_again(monkeypatch, tmp_path):
     assert json.loads((out / "train.jsonl").read_text().splitlines()[0])["text"] == "> hi 0\n< yo"
     assert corpus.source_key("chitchat") == "chitchat@r2" and corpus.source_key("brown") == "brown"
     keyed = tokenizer_folder(6144, ["chitchat", "brown"])
-    monkeypatch.setattr(corpus, "source_key", lambda name: name)  # as if every reader were at its first version
+    import andrea.mainjob as mainjob
+
+    monkeypatch.setattr(mainjob, "source_key", lambda name: name)  # as if every reader were at its first version
     assert tokenizer_folder(6144, ["chitchat", "brown"]) != keyed
 
 
