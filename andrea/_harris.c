@@ -7,9 +7,12 @@
    with the character classes Python's re gives a str pattern: \s is str.isspace, \d is
    str.isdecimal, \w is str.isalnum or '_'. trie(segments, first_id) holds the segments (ids
    first_id, first_id + 1, ...) in a trie, and set_id(trie, segment, id) changes one (-1 takes it
-   out, as training's pruning does); encode_word(trie, word) is step 2 of the encoding rule,
-   the longest segment at each position, else the UTF-8 bytes of one character ('surrogatepass'
-   for a lone surrogate). encode(text, cache, out, trie, limit) appends to the list `out` the ids
+   out, as training's pruning does); encode_word(trie, word, marked) is step 2 of the encoding
+   rule, the longest segment at each position, else the UTF-8 bytes of one character
+   ('surrogatepass' for a lone surrogate). A word end (" cat</w>") is held as its text followed by
+   the character 0; where `marked` is true, a match that reaches the end of the word may take that
+   one more step, and a plain segment may not end the word. encode marks a letter word (its last
+   character a letter, its first not an apostrophe) when the trie holds a word end. encode(text, cache, out, trie, limit) appends to the list `out` the ids
    of every word of text, read from `cache`, a dict of word -> tuple of ids, where a word it has
    not seen is encoded and added (the cache is emptied first when it holds `limit` words).
    andrea/tokenizer.py holds the same steps in Python, which is what runs where this module was
@@ -93,6 +96,7 @@ typedef struct {
     int32_t *child;
     int32_t *id;    /* per node: the id of the segment that ends there, or -1 */
     size_t mask;
+    int marks;      /* whether a segment is a word end: a letter, then the character 0 */
 } Trie;
 
 static const char *TRIE_NAME = "andrea._harris.trie";
@@ -164,7 +168,10 @@ static PyObject *make_trie(PyObject *self, PyObject *args)
         int kind = PyUnicode_KIND(s);
         const void *data = PyUnicode_DATA(s);
         int32_t node = 0;
-        for (Py_ssize_t i = 0; i < PyUnicode_GET_LENGTH(s); i++) {
+        Py_ssize_t len = PyUnicode_GET_LENGTH(s);
+        if (len >= 2 && PyUnicode_READ(kind, data, len - 1) == 0 && char_class(PyUnicode_READ(kind, data, len - 2)) == LETTER)
+            t->marks = 1;
+        for (Py_ssize_t i = 0; i < len; i++) {
             int64_t key = ((int64_t)node << 21) | PyUnicode_READ(kind, data, i);
             size_t slot = slot_of(t, key);
             while (t->keys[slot] >= 0 && t->keys[slot] != key)
@@ -206,8 +213,9 @@ static PyObject *trie_set(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* Step 2 of the encoding rule on text[a:b], as a tuple of ids. */
-static PyObject *encode_span(const Trie *t, int kind, const void *data, Py_ssize_t a, Py_ssize_t b)
+/* Step 2 of the encoding rule on text[a:b], as a tuple of ids; where `marked`, a word end may
+   match the rest of the span. */
+static PyObject *encode_span(const Trie *t, int kind, const void *data, Py_ssize_t a, Py_ssize_t b, int marked)
 {
     int32_t stack[64], *ids = stack;
     Py_ssize_t cap = 64, len = 0;
@@ -231,8 +239,13 @@ static PyObject *encode_span(const Trie *t, int kind, const void *data, Py_ssize
             node = trie_child(t, node, PyUnicode_READ(kind, data, j));
             if (node < 0)
                 break;
-            if (t->id[node] >= 0)
+            if (t->id[node] >= 0 && !(marked && j + 1 == b))
                 best = t->id[node], end = j + 1;
+        }
+        if (marked && node >= 0) { /* every character to the end matched: is the rest a word end? */
+            int32_t fin = trie_child(t, node, 0);
+            if (fin >= 0 && t->id[fin] >= 0)
+                best = t->id[fin], end = b;
         }
         if (best >= 0) {
             ids[len++] = best;
@@ -274,12 +287,13 @@ done:
 static PyObject *encode_word(PyObject *self, PyObject *args)
 {
     PyObject *capsule, *word;
-    if (!PyArg_ParseTuple(args, "OU:encode_word", &capsule, &word))
+    int marked = 0;
+    if (!PyArg_ParseTuple(args, "OU|p:encode_word", &capsule, &word, &marked))
         return NULL;
     Trie *t = PyCapsule_GetPointer(capsule, TRIE_NAME);
     if (t == NULL || ready(word) < 0)
         return NULL;
-    return encode_span(t, PyUnicode_KIND(word), PyUnicode_DATA(word), 0, PyUnicode_GET_LENGTH(word));
+    return encode_span(t, PyUnicode_KIND(word), PyUnicode_DATA(word), 0, PyUnicode_GET_LENGTH(word), marked);
 }
 
 /* ---- the words of a text, and their ids */
@@ -333,7 +347,9 @@ static PyObject *encode(PyObject *self, PyObject *args)
         if (ids != NULL) {
             Py_INCREF(ids);
         } else if (!PyErr_Occurred()) { /* a word not seen yet */
-            ids = encode_span(t, kind, data, i, j);
+            int marked = t->marks && char_class(PyUnicode_READ(kind, data, j - 1)) == LETTER
+                         && PyUnicode_READ(kind, data, i) != '\'';
+            ids = encode_span(t, kind, data, i, j, marked);
             if (ids != NULL && PyDict_GET_SIZE(cache) >= limit)
                 PyDict_Clear(cache);
             if (ids != NULL && PyDict_SetItem(cache, word, ids) < 0)

@@ -14,7 +14,9 @@ The model, one token at a time with a KV cache (plain lists):
     x = x + wo·attn(ln_1(x)); x = x + fc2·act(fc1·ln_2(x))   per layer
     logits = lm_head·ln_f(x)
 The tokenizer follows HarrisTokenizer's rule: split into words with WORD_PATTERN, then take the
-longest segment at each position of a word, else the UTF-8 bytes of one character. Generation
+longest segment at each position of a word, else the UTF-8 bytes of one character; where the
+segments mark word ends (" cat</w>"), a letter word takes a word end where the rest of it is the
+word end's text, and no plain segment ends it. Generation
 follows andrea.decoding.generate: it stops at BOS, and past the context the window restarts from its last
 half. Sampling: greedy (temperature 0), else logits / temperature, top-k, one draw from
 random.Random(seed).
@@ -66,7 +68,9 @@ class Tokenizer:
         self.segments = list(segments)
         self.ids = {s: FIRST_SEGMENT + i for i, s in enumerate(self.segments)}
         self.max_len = max(map(len, self.segments), default=1)
-        self.token_bytes = [bytes([b]) for b in range(256)] + [b""] + [s.encode("utf-8", "surrogatepass") for s in self.segments]
+        self.marks = any(s.endswith("</w>") for s in self.segments)
+        self.token_bytes = [bytes([b]) for b in range(256)] + [b""] + [s.removesuffix("</w>").encode("utf-8", "surrogatepass")
+                                                                          for s in self.segments]
 
     @property
     def vocab_size(self) -> int:
@@ -76,8 +80,12 @@ class Tokenizer:
         ids = [BOS] if bos else []
         for word in WORD_RE.findall(text):
             i, n = 0, len(word)
+            marked = self.marks and word[-1].isalnum() and not word[-1].isdecimal() and word[0] != "'"
             while i < n:
-                for j in range(min(n, i + self.max_len), i, -1):
+                if marked and word[i:] + "</w>" in self.ids:  # a word end: the rest of the word
+                    ids.append(self.ids[word[i:] + "</w>"])
+                    break
+                for j in range(min(n - marked, i + self.max_len), i, -1):  # marked: no plain segment ends it
                     t = self.ids.get(word[i:j])
                     if t is not None:
                         ids.append(t)

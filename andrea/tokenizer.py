@@ -19,6 +19,16 @@ Encoding rule, in full:
        there; where none does, take the UTF-8 bytes of one character (a lone surrogate as its
        three 'surrogatepass' bytes, so every Python string round-trips).
     Segments never span two words, and the ids depend only on the text and the segment list.
+
+Word ends (format version 2, trained by andrea.tokenizer_train version 5). A segment written with
+the mark `</w>` after its text (" cat</w>") is a word end. In a tokenizer that has word ends, a
+letter word (an optional space, then letters) is read as if followed by the mark: a word end
+matches only where its text is the rest of such a word, and a plain segment never ends one (its
+last piece is a word end or the bytes of one character). So " cat</w>" is the word cat and
+nothing else, and the plain " cat" only ever begins longer words (cats, category): every token
+that is a whole word is a word end. A word end's text is a letter word, and the mark stands for no
+bytes: it is never typed, so no text can hold it (letters and "<" are never one word). Files
+without a marked segment encode exactly as before.
 Decoding joins the tokens' bytes and reads them as UTF-8 with 'surrogatepass'. A byte sequence
 that encode never produces (a model can emit one) decodes each invalid stretch to U+FFFD.
 
@@ -36,7 +46,6 @@ import os
 import re
 import zlib
 from array import array
-from functools import partial
 from itertools import chain
 from pathlib import Path
 
@@ -57,6 +66,9 @@ except ImportError:
 COMPILED = _compiled is not None
 
 FIRST_SEGMENT = 257  # id of segment 0
+MARK = "</w>"  # written after a word end's text in the segment list (module docstring, "Word ends")
+END = "\0"  # what the mark is to the longest-match rule: a character after the word's last letter
+LETTER_WORD = re.compile(r" ?[^\W\d_]+")
 
 WORD_PATTERN = r"'(?:[sdmt]|ll|ve|re)| ?[^\W\d_]+| ?\d+| ?[^\s\w]+|_+|\s+(?!\S)|\s+"
 WORD_RE = re.compile(WORD_PATTERN)
@@ -128,9 +140,18 @@ def split_words(text: str) -> list[str]:
     return _compiled.split(text) if _compiled is not None else WORD_RE.findall(text)
 
 
-def _longest_match(word: str, get) -> tuple[int, ...]:
+def ends_in_letter(word: str) -> bool:
+    """Whether a word of WORD_PATTERN is a letter word (its last character a letter, [^\\W\\d_], and
+    not a contraction such as 's): a word that word ends read as marked."""
+    c = word[-1:]
+    return c.isalnum() and not c.isdecimal() and not word.startswith("'")
+
+
+def _longest_match(word: str, get, marked: bool = False) -> tuple[int, ...]:
     """Step 2 of the encoding rule on one word, where get(prefix) is None for a text that begins
-    no segment, -1 for one that begins a segment but is none, else the segment's id."""
+    no segment, -1 for one that begins a segment but is none, else the segment's id; a word end is
+    looked up as its text + END, and only when `marked` (a letter word, in a tokenizer that has
+    word ends), where no plain segment may end the word."""
     ids, i, n = [], 0, len(word)
     while i < n:
         best, end, j = -1, i + 1, i + 1
@@ -138,9 +159,13 @@ def _longest_match(word: str, get) -> tuple[int, ...]:
             t = get(word[i:j])
             if t is None:
                 break
-            if t >= 0:
+            if t >= 0 and not (marked and j == n):
                 best, end = t, j
             j += 1
+        if j > n and marked:  # every character to the end matched a prefix: is the rest a word end?
+            t = get(word[i:] + END)
+            if t is not None and t >= 0:
+                best, end = t, n
         if best >= 0:
             ids.append(best)
         else:
@@ -149,27 +174,44 @@ def _longest_match(word: str, get) -> tuple[int, ...]:
     return tuple(ids)
 
 
+def is_word_end(segment: str) -> bool:
+    """Whether a segment, as the segment list writes it, is a word end (" cat</w>")."""
+    return segment.endswith(MARK)
+
+
+def rule_key(segment: str) -> str:
+    """The text the longest-match rule looks a segment up by: a word end's text + END."""
+    return segment[: -len(MARK)] + END if segment.endswith(MARK) else segment
+
+
 class Matcher:
     """The longest-match rule over a list of segments, with ids first + index, that segments can
     leave and rejoin (andrea.tokenizer_train.prune_segments): on the compiled trie where andrea._harris was built (`trie`),
-    else on a dict of every prefix of every segment (`trie` is None). encode(word) -> its ids."""
+    else on a dict of every prefix of every segment (`trie` is None). encode(word, end=True) -> its
+    ids; with end false, the word is read as a piece that does not end its word (no word end matches)."""
 
     def __init__(self, segments: list[str], first: int):
         self.segments, self.first = segments, first
+        self.marks = any(map(is_word_end, segments))
+        keys = [rule_key(s) for s in segments]
         if _compiled is not None:
-            self.trie = _compiled.trie(segments, first)
-            self.encode = partial(_compiled.encode_word, self.trie)
+            self.trie = _compiled.trie(keys, first)
         else:
             # every prefix of every segment -> the segment's id when the prefix is one, else -1:
             # the longest match at a position is found by extending it while the text is a prefix
             self.trie = None
-            self._table = {s[:j]: -1 for s in segments for j in range(1, len(s))}
-            self._table.update((s, first + i) for i, s in enumerate(segments))
-            self.encode = partial(_longest_match, get=self._table.get)
+            self._table = {s[:j]: -1 for s in keys for j in range(1, len(s))}
+            self._table.update((s, first + i) for i, s in enumerate(keys))
+
+    def encode(self, word: str, end: bool = True) -> tuple[int, ...]:
+        marked = end and self.marks and ends_in_letter(word)
+        if self.trie is not None:
+            return _compiled.encode_word(self.trie, word, marked)
+        return _longest_match(word, self._table.get, marked)
 
     def set(self, index: int, present: bool):
         """Put segment `index` in (present) or take it out of the rule."""
-        s, i = self.segments[index], self.first + index if present else -1
+        s, i = rule_key(self.segments[index]), self.first + index if present else -1
         if self.trie is not None:
             _compiled.set_id(self.trie, s, i)
         else:
@@ -198,8 +240,13 @@ def _check_segments(segments, where: str) -> list[str]:
         raise AndreaError(f"{where} is not a JSON list of segment strings.")
     seen = {}
     for i, s in enumerate(segments):
-        if not s:
+        if not s or s == MARK:
             raise AndreaError(f"{where} has an empty segment at index {i}.")
+        if s.endswith(MARK) and not LETTER_WORD.fullmatch(s[: -len(MARK)]):
+            raise AndreaError(f"{where} has the word end {s[:40]!r} at index {i}, whose text is not a word of letters.")
+        if END in s and re.search(r"[^\W\d_]\0", s):
+            raise AndreaError(f"{where} has a segment with a letter before the character 0 at index {i}; "
+                              f"no word holds one.")
         if s in seen:
             raise AndreaError(f"{where} lists the segment {s!r} twice (indexes {seen[s]} and {i}).")
         seen[s] = i
@@ -219,7 +266,8 @@ class HarrisTokenizer:
         self._words = words  # the word types behind the SV statistics, when known
         self._words_file = None if words is not None or words_file is None else Path(words_file)  # read on first use
         self._ids = {s: FIRST_SEGMENT + i for i, s in enumerate(self.segments)}
-        self._bytes = [bytes([b]) for b in range(256)] + [b""] + [utf8(s) for s in self.segments]
+        self._bytes = [bytes([b]) for b in range(256)] + [b""] + [utf8(s.removesuffix(MARK)) for s in self.segments]
+        self.word_ends = frozenset(FIRST_SEGMENT + i for i, s in enumerate(self.segments) if is_word_end(s))
         self._rule = Matcher(self.segments, FIRST_SEGMENT)  # step 2, compiled where it was built
         self._trie = self._rule.trie
         self._cache = _WordCache(self._rule.encode)
@@ -258,6 +306,10 @@ class HarrisTokenizer:
         if i == BOS:
             return "<BOS>"
         return label_bytes(self._bytes[i])
+
+    def segment_label(self, i) -> str:
+        """id_to_piece, with the mark after a word end (" cat</w>"), so the two tokens of " cat" differ."""
+        return self.id_to_piece(i) + (MARK if i in self.word_ends else "")
 
     def fingerprint(self) -> str:
         """sha256 of the segment list: equal fingerprints, equal encodings."""
@@ -338,7 +390,7 @@ class HarrisTokenizer:
 
     def to_dict(self) -> dict:
         """Everything encoding and decoding need, JSON-able (a checkpoint can embed it)."""
-        return {"format": FORMAT, "version": 1, "word_pattern": WORD_PATTERN, "n_segments": self.n_segments,
+        return {"format": FORMAT, "version": 2 if self.word_ends else 1, "word_pattern": WORD_PATTERN, "n_segments": self.n_segments,
                 "vocab_size": self.vocab_size, "fingerprint": self.fingerprint(), **self.meta,
                 "segments": list(self.segments)}
 
@@ -346,6 +398,8 @@ class HarrisTokenizer:
     def from_dict(cls, d, where: str = "the tokenizer dict") -> "HarrisTokenizer":
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             raise AndreaError(f"{where} is not an ANDREA Harris tokenizer (no \"format\": \"{FORMAT}\").")
+        if d.get("version", 1) not in (1, 2):
+            raise AndreaError(f"{where} is tokenizer format version {str(d.get('version'))[:20]}; this release reads 1 and 2.")
         if d.get("word_pattern", WORD_PATTERN) != WORD_PATTERN:
             raise AndreaError(f"{where} splits words with a pattern this version does not use.")
         segments = _check_segments(d.get("segments"), where)

@@ -44,12 +44,19 @@ def tok_dir(tok, tmp_path_factory):
 
 def reference_encode(tok, text, bos=True):
     """The encoding rule written out the slow, obvious way: longest segment at each position of
-    each word, else the UTF-8 bytes of one character."""
+    each word, else the UTF-8 bytes of one character; where there are word ends, a letter word
+    takes one (" cat</w>") where the rest of it is its text, and no plain segment ends it."""
     ids = [BOS] if bos else []
+    ends = {s[:-4]: 257 + k for k, s in enumerate(tok.segments) if s.endswith("</w>")}
     for word in WORD_RE.findall(text):
         i = 0
+        letter_word = bool(ends) and re.fullmatch(r" ?[^\W\d_]+", word) is not None
         while i < len(word):
-            matches = [s for s in tok.segments if word.startswith(s, i)]
+            if letter_word and word[i:] in ends:
+                ids.append(ends[word[i:]])
+                break
+            matches = [s for s in tok.segments if word.startswith(s, i) and not s.endswith("</w>")
+                       and not (letter_word and i + len(s) == len(word))]
             if matches:
                 s = max(matches, key=len)
                 ids.append(257 + tok.segments.index(s))
@@ -72,9 +79,14 @@ def test_vocabulary_layout(tok):
         assert tok.id_to_piece(b) == piece
     assert tok.token_bytes(256) == b"" and tok.id_to_piece(256) == "<BOS>"
     for k in (0, 1, N_SMALL - 1):
-        assert tok.token_bytes(257 + k) == tok.segments[k].encode()
-        assert tok.id_to_piece(257 + k) == tok.segments[k]
-        assert tok.encode(tok.segments[k], bos=False) == [257 + k]  # a segment encodes to itself
+        assert tok.token_bytes(257 + k) == tok.segments[k].removesuffix("</w>").encode()
+        text = tok.segments[k].removesuffix("</w>")
+        assert tok.id_to_piece(257 + k) == text and tok.segment_label(257 + k) == tok.segments[k]
+        # a segment encodes to itself, as a word: all but a plain piece of letters, which never ends a word
+        if 257 + k in tok.word_ends or not re.fullmatch(r" ?[^\W\d_]+", text):
+            assert tok.encode(text, bos=False) == [257 + k]
+        else:
+            assert tok.encode(text, bos=False) != [257 + k]
 
 
 def test_segments_are_distinct_multibyte_and_most_used_first(tok, text):
@@ -274,7 +286,8 @@ def test_compiled_encode_is_the_python_encode(tok, data):
     python = python_only(tok.segments)
     assert tok.encode(s) == python.encode(s)
     for w in WORD_RE.findall(s):
-        assert harris._compiled.encode_word(tok._trie, w) == python._rule.encode(w)
+        marked = tok._rule.marks and harris.ends_in_letter(w)
+        assert harris._compiled.encode_word(tok._trie, w, marked) == python._rule.encode(w)
 
 
 @needs_compiled
