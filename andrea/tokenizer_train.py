@@ -29,6 +29,12 @@ Training, in full (train_tokenizer):
        be spelled with: a one-character segment of 2-4 bytes ("—", "’") costs its bytes, one
        token each (tokenizer version 4; version 3 counted it as one token, so such segments
        went first, and `train_tokenizer(..., version=3)` still selects so).
+    Version 5 marks word ends (andrea.tokenizer, "Word ends"): in step 4 a letter word's last piece,
+    the whole word included, is the candidate " cat</w>" (its text ending a word), while the pieces
+    before it stay plain, so " cat</w>" (the word) and " cat" (cats, category) are two candidates
+    that save tokens apart. A segment's bytes exclude the mark. `reserve` names words whose word
+    end is kept whatever its savings (the lesson's words, where the vocabulary is too small to
+    choose them: a reserved word is said in the tokenizer's settings).
     Frequent whole words (" the", " government") survive because word starts and ends are
     boundaries; rarer words are spelled from the pieces between successor-variety peaks
     (" hope" + "less" + "ness", " re" + "ap" + "po" + "int" + "ment" with 2,048 segments on
@@ -39,6 +45,7 @@ Training, in full (train_tokenizer):
 from __future__ import annotations
 
 import gc
+import math
 import numbers
 import os
 import re
@@ -47,15 +54,26 @@ from contextlib import contextmanager
 
 from andrea import forkpool
 from andrea.errors import AndreaError
-from andrea.tokenizer import COMPILED, PARALLEL_CHARS, HarrisTokenizer, Matcher, has_surrogate, split_words, utf8
+from andrea.tokenizer import (
+    COMPILED,
+    LETTER_WORD,
+    MARK,
+    PARALLEL_CHARS,
+    HarrisTokenizer,
+    Matcher,
+    has_surrogate,
+    is_word_end,
+    split_words,
+    utf8,
+)
 
 LETTER_WORD_RE = re.compile(r"( ?)([^\W\d_]+)")  # a word of letters, with its leading space apart
 
 # Counting with the compiled splitter, workers (and merging their counts) pay from about here
 PARALLEL_COUNT_CHARS = 6_000_000 if COMPILED else PARALLEL_CHARS
 
-TRAINER_VERSION = 4  # how train selects segments (module docstring, step 5); recorded in the settings
-TRAINER_VERSIONS = (3, 4)
+TRAINER_VERSION = 5  # how train selects segments (module docstring, step 5); recorded in the settings
+TRAINER_VERSIONS = (3, 4, 5)
 PARALLEL_WORDS = 20_000  # word types from which the two prunings of select_segments run side by side
 MAX_WORD_CHARS = 100  # training: a longer word is only text to encode, never counted for segments
 
@@ -268,10 +286,17 @@ def _gc_paused():
             gc.enable()
 
 
-def candidate_counts(word_counts, stats: SuccessorVariety) -> Counter:
+def candidate_counts(word_counts, stats: SuccessorVariety, marks: bool = False) -> Counter:
     """Every piece between two boundaries of every word, counted (whole words included, but
-    none longer than MAX_WORD_CHARS: their pieces and their statistics are never counted)."""
-    cands = defaultdict(int, {w: k for w, k in word_counts.items() if len(w) - w.startswith(" ") <= MAX_WORD_CHARS})
+    none longer than MAX_WORD_CHARS: their pieces and their statistics are never counted); with
+    `marks` (version 5), a letter word's last piece and the whole word as word ends."""
+    def whole(w):
+        return w + MARK if marks and LETTER_WORD.fullmatch(w) else w
+
+    cands = defaultdict(int)
+    for w, k in word_counts.items():
+        if len(w) - w.startswith(" ") <= MAX_WORD_CHARS:
+            cands[whole(w)] += k
     cuts_of = stats.all_boundaries()  # lowercase word -> its boundaries, where it has any
     spans_of = {}  # lowercase word -> the (start, end) of its pieces, found once
     fullmatch = LETTER_WORD_RE.fullmatch
@@ -292,14 +317,20 @@ def candidate_counts(word_counts, stats: SuccessorVariety) -> Counter:
             spans = spans_of[low] = [(i, j) for a, i in enumerate(cuts) for j in cuts[a + 1 :]
                                      if j - i < len(low)]  # the whole word is counted above
         for i, j in spans:
-            cands[space + core[:j] if i == 0 else core[i:j]] += k  # the first piece keeps the space
+            piece = space + core[:j] if i == 0 else core[i:j]  # the first piece keeps the space
+            cands[piece + MARK if marks and j == len(core) else piece] += k
     return Counter(cands)
 
 
 
 
+def text_bytes(segment: str) -> int:
+    """The bytes a segment stands for (a word end's mark stands for none)."""
+    return len(utf8(segment.removesuffix(MARK)))
+
+
 def select_segments(cands: Counter, word_counts, n: int, keep: float = 0.75, workers: int | None = None,
-                    progress=False, version: int = TRAINER_VERSION) -> list[str]:
+                    progress=False, version: int = TRAINER_VERSION, reserve=()) -> list[str]:
     """The n candidates that save the most tokens on the corpus's words, most used first.
 
     Two prunings (prune_segments) from the 3n candidates with the most bytes to save: one weighs
@@ -311,21 +342,32 @@ def select_segments(cands: Counter, word_counts, n: int, keep: float = 0.75, wor
     potentials = (0.0, 0.5)
     workers = workers or os.cpu_count() or 1
     if workers > 1 and len(word_counts) >= PARALLEL_WORDS and forkpool.can_fork():
-        shared = (cands, word_counts, n, keep, version)
+        shared = (cands, word_counts, n, keep, version, reserve)
         results = list(forkpool.map_forked(_prune_job, shared, potentials, min(workers, len(potentials))))
     else:
-        results = [prune_segments(cands, word_counts, n, keep=keep, potential=p, progress=progress, version=version)
-                   for p in potentials]
+        results = [prune_segments(cands, word_counts, n, keep=keep, potential=p, progress=progress, version=version,
+                                  reserve=reserve) for p in potentials]
     return min(results, key=lambda r: r[1])[0]
 
 
 def _prune_job(potential):
-    cands, word_counts, n, keep, version = forkpool.shared()
-    return prune_segments(cands, word_counts, n, keep=keep, potential=potential, version=version)
+    cands, word_counts, n, keep, version, reserve = forkpool.shared()
+    return prune_segments(cands, word_counts, n, keep=keep, potential=potential, version=version, reserve=reserve)
+
+
+def _starting_set(cands: Counter, size: int, reserve) -> tuple[list[str], set[int]]:
+    """The `size` candidates with the most bytes to save, then the reserved ones not among them;
+    and the indexes of the reserved."""
+    saving = {s: k * (text_bytes(s) - 1) for s, k in cands.items()}
+    texts = sorted(saving, key=lambda s: (-saving[s], s))[:size]
+    reserve = set(reserve)
+    texts += sorted(reserve - set(texts))
+    return texts, {i for i, s in enumerate(texts) if s in reserve}
 
 
 def prune_segments(cands: Counter, word_counts, n: int, start: float = 3.0, keep: float = 0.75,
-                   potential: float = 0.0, progress=False, version: int = TRAINER_VERSION) -> tuple[list[str], int]:
+                   potential: float = 0.0, progress=False, version: int = TRAINER_VERSION,
+                   reserve=()) -> tuple[list[str], int]:
     """n of the candidates, most used first, and the tokens they spend on the corpus's words.
 
     Start from the start*n candidates with the most bytes to save (count x (bytes - 1)), then
@@ -339,13 +381,11 @@ def prune_segments(cands: Counter, word_counts, n: int, start: float = 3.0, keep
     nor standing by goes at once (as long as n remain). Removing segments changes only the
     encodings that used them (the longest match elsewhere is still the longest), so after each
     step only those words are encoded again. The tokens of a text without s are what the rule
-    spells it with: for a one-character segment of k bytes, k byte tokens (version 4); version 3
-    counted one token for any one-character segment, so its score was 0 and it went first.
-    """
+    spells it with (a word end's as a word's end; version 3 as in the module docstring, step 5);
+    the `reserve`d segments are never pruned (they count among the n)."""
     from tqdm import tqdm
 
-    saving = {s: k * (len(utf8(s)) - 1) for s, k in cands.items()}
-    texts = sorted(saving, key=lambda s: (-saving[s], s))[: max(n, int(start * n))]
+    texts, kept = _starting_set(cands, max(n, int(start * n)), reserve)
     first = 256  # segment i (of texts) has id 256 + i here, above every byte
     rule = Matcher(texts, first)
     chosen = set(range(len(texts)))
@@ -373,7 +413,7 @@ def prune_segments(cands: Counter, word_counts, n: int, start: float = 3.0, keep
     def spell(s):
         if s not in spelled:
             rule.set(s, False)
-            ids = rule.encode(texts[s])
+            ids = rule.encode(texts[s].removesuffix(MARK), end=is_word_end(texts[s]))
             rule.set(s, True)
             cost = 1 if version == 3 and len(texts[s]) == 1 else len(ids)  # v3: "—" as if one token
             spelled[s] = (cost, [i - first for i in ids if i >= first])
@@ -387,6 +427,7 @@ def prune_segments(cands: Counter, word_counts, n: int, start: float = 3.0, keep
                     standby[p] += use[s]
         loss = {s: (use[s] + potential * standby[s]) * (spell(s)[0] - 1)
                 for s in chosen if use[s] > 0 or standby[s] > 0}
+        loss.update((s, math.inf) for s in kept)
         size = max(n, int(len(chosen) * keep))
         ranked = sorted(chosen, key=lambda s: (-loss.get(s, 0), texts[s]))
         unused = sum(1 for s in ranked[n:] if s not in loss)  # at the end, as their loss is 0
@@ -412,12 +453,14 @@ def prune_segments(cands: Counter, word_counts, n: int, start: float = 3.0, keep
 
 
 def train_tokenizer(texts, n_segments: int, weights=None, min_count: int = 2, workers: int | None = None,
-                    progress: bool = False, version: int = TRAINER_VERSION) -> HarrisTokenizer:
+                    progress: bool = False, version: int = TRAINER_VERSION, reserve=()) -> HarrisTokenizer:
     """Find n_segments segments in texts, a list of documents or one string (module docstring,
     "Training"). weights, one number per document, says how much each counts (a curriculum's
     source weights); None counts each once. version is how segments are selected: 4 (the
-    default) scores each by what its absence really costs; 3 selects as earlier releases did,
-    to reproduce their tokenizers. Either way the result encodes by the same rule."""
+    default) also marks word ends, so a word's token is that word alone; 4 scores each segment by
+    what its absence really costs; 3 selects as earlier releases did. 3 and 4 reproduce their
+    tokenizers, and every version's result encodes by the one rule. `reserve` (version 5) lists
+    words, such as " cat", whose word ends are kept whatever they save."""
     if version not in TRAINER_VERSIONS:
         raise AndreaError(f"tokenizer version {version!r} is not one this release trains "
                           f"({', '.join(map(str, TRAINER_VERSIONS))}).")
@@ -427,29 +470,39 @@ def train_tokenizer(texts, n_segments: int, weights=None, min_count: int = 2, wo
     for t in texts:
         if not isinstance(t, str):
             raise AndreaError(f"train takes strings, not {type(t).__name__}.")
+    reserve = list(reserve)
+    if reserve and version < 5:
+        raise AndreaError(f"reserving words needs tokenizer version 5 (word ends), not {version}.")
+    for w in reserve:
+        if not isinstance(w, str) or not LETTER_WORD.fullmatch(w):
+            raise AndreaError(f"a reserved word is letters after an optional space, such as \" cat\"; got {str(w)[:40]!r}.")
+    if len(set(reserve)) > n_segments:
+        raise AndreaError(f"{len(set(reserve))} words are reserved but only {n_segments} segments requested.")
     with _gc_paused():
-        return _train(texts, n_segments, weights, min_count, workers, progress, version)
+        return _train(texts, n_segments, weights, min_count, workers, progress, version, reserve)
 
 
-def _train(texts, n_segments, weights, min_count, workers, progress, version) -> HarrisTokenizer:
+def _train(texts, n_segments, weights, min_count, workers, progress, version, reserve=()) -> HarrisTokenizer:
     word_counts = count_words(texts, weights, workers, progress)
     if not word_counts:
         raise AndreaError("the training text is empty; the tokenizer needs text to learn segments from.")
     stats = SuccessorVariety(letter_word_counts(word_counts))
-    cands = candidate_counts(word_counts, stats)
+    cands = candidate_counts(word_counts, stats, marks=version >= 5)
     cands = Counter({s: k for s, k in cands.items()
-                     if k >= min_count and len(utf8(s)) > 1 and not has_surrogate(s)})
+                     if k >= min_count and text_bytes(s) > 1 and not has_surrogate(s)})
+    reserved = [w + MARK for w in dict.fromkeys(reserve)]
     if len(cands) < n_segments:
         raise AndreaError(f"requested {n_segments:,} segments but the corpus supplies only {len(cands):,} "
                           f"(pieces of two bytes or more that occur at least {min_count} times); "
                           f"give more text or ask for fewer segments.")
-    segments = select_segments(cands, word_counts, n_segments, workers=workers, progress=progress, version=version)
+    segments = select_segments(cands, word_counts, n_segments, workers=workers, progress=progress, version=version,
+                               reserve=reserved)
     size = sum(len(utf8(t)) for t in texts)
     meta = {
         "corpus": {"documents": len(texts), "bytes": size, "words": int(sum(word_counts.values())),
                    "distinct_words": len(word_counts), "weighted": weights is not None},
         "found": len(cands),
-        "settings": {"min_count": min_count, "version": version},
+        "settings": {"min_count": min_count, "version": version, **({"reserved": list(dict.fromkeys(reserve))} if reserve else {})},
     }
     return HarrisTokenizer(segments, meta, words=stats.words)
 
