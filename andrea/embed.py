@@ -330,7 +330,7 @@ def neighbours(model, tokenizer, word: str, k: int = 10, metric: str = "cos", wh
            "norm": float(np.linalg.norm(vec)),
            "neighbours": [{"id": i, "piece": tokenizer.id_to_piece(i), "score": s} for i, s in rows]}
     if usage is not None:
-        label = lambda i: show_piece(tokenizer.id_to_piece(i))  # noqa: E731
+        label = lambda i: show_piece(getattr(tokenizer, "segment_label", tokenizer.id_to_piece)(i))  # noqa: E731  ␣cat</w>
         out["usage"] = usage.record(lk.ids[0], label) if lk.single else None
         out["usage_line"] = usage.sentence(lk.ids[0], label) if lk.single else None
         for n in out["neighbours"]:

@@ -116,13 +116,13 @@ class Usage:
         return out
 
     def sentence(self, i: int, label) -> str:
-        """One line: '␣cat stands alone in 35% of its 830 uses; it also begins ␣cat+s (16%), …';
+        """One line: '␣cat stands alone in 35% of its 830 uses (its purity); it also begins ␣cat+s (16%), …';
         `label(id)` names a token."""
         piece = label(i)
         n = int(self.count[i])
         if not n:
             return f"{piece} does not occur in the training text."
-        line = f"{piece} stands alone in {self.share(i):.0%} of its {n:,} uses"
+        line = f"{piece} stands alone in {self.share(i):.0%} of its {n:,} uses (its purity)"
         cont = self.continuations(i)[:5]
         if cont:
             parts = ", ".join(f"{piece}+{label(a)} ({c / n:.0%})" for a, c in cont)

@@ -85,11 +85,13 @@ def nearest(matrix: np.ndarray, vector, k: int, metric: str = "cos", exclude=(),
 
 
 def whole_word_mask(tokenizer, vocab_size: int) -> np.ndarray:
-    """(V,) bool: tokens that are a space followed by letters only."""
+    """(V,) bool: tokens that are a space followed by letters only; where the tokenizer marks word
+    ends (version 5), only those: its plain " cat" begins longer words."""
     mask = np.zeros(vocab_size, dtype=bool)
+    ends = getattr(tokenizer, "word_ends", None)
     for i in range(N_SPECIAL, vocab_size):
         piece = tokenizer.id_to_piece(i)
-        mask[i] = len(piece) > 1 and piece[0] == " " and piece[1:].isalpha()
+        mask[i] = len(piece) > 1 and piece[0] == " " and piece[1:].isalpha() and (not ends or i in ends)
     return mask
 
 

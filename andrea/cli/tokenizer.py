@@ -1,4 +1,4 @@
-"""`andrea tokenizer train|encode|decode|inspect`: the Harris tokenizer."""
+"""`andrea tokenizer train|encode|decode|inspect|words`: the Harris tokenizer."""
 
 from __future__ import annotations
 
@@ -42,8 +42,9 @@ def cmd_tokenizer_train(args) -> int:
     print(f"read {len(files)} source(s): {len(texts):,} documents, {size:,} bytes")
     if shares:
         print("weighted by the curriculum's opening weights: " + ", ".join(f"{k} {v:.2f}" for k, v in shares.items()))
+    reserve = [" " + w.strip() for w in args.reserve]
     tok = train_tokenizer(texts, args.segments, weights=weights, progress=size >= PROGRESS_BYTES,
-                          version=args.trainer_version)
+                          version=args.trainer_version, reserve=reserve)
     out = tok.save(args.out)
     print(f"requested {args.segments:,} segments -> found {tok.meta['found']:,} candidates, kept {tok.n_segments:,} "
           f"(V = {tok.vocab_size:,}) in {time.time() - start:.1f} s")
@@ -88,7 +89,7 @@ def cmd_tokenizer_encode(args) -> int:
     text = args.text if args.text is not None else _read_stdin()
     ids = tok.encode(text, bos=not args.no_bos)
     if args.pieces:
-        print(" ".join(repr(tok.id_to_piece(i)) for i in ids))
+        print(" ".join(repr(tok.segment_label(i)) for i in ids))
     else:
         print(" ".join(map(str, ids)))
     return 0
@@ -140,9 +141,39 @@ def cmd_tokenizer_inspect(args) -> int:
             print(f"  boundaries: {'|'.join(low[i:j] for i, j in zip(bounds, bounds[1:]))}")
         for form in (word, " " + word):
             ids = tok.encode(form, bos=False)
-            pieces = " ".join(repr(tok.id_to_piece(i)) for i in ids)
+            pieces = " ".join(repr(tok.segment_label(i)) for i in ids)
             print(f"  {form!r:<{len(word) + 4}} -> {pieces}   ids {' '.join(map(str, ids))}")
         print()
+    return 0
+
+
+def cmd_tokenizer_words(args) -> int:
+    import json
+
+    from andrea.tokenizer_sample import load_training_texts
+    from andrea.tokenizer_train import count_words
+    from andrea.tokenizer_words import PURE, word_tokens
+
+    tok = _load(args)
+    texts, _ = load_training_texts(args.text, sample_bytes=args.sample_bytes)
+    report = word_tokens(tok, count_words(texts))
+    words = [report.word(tok, w) for w in (args.words or ["cat", "dog", "pet", "Tuesday"])]
+    summary = report.summary(tok)
+    if args.json:
+        print(json.dumps({"words": words, "summary": summary}, indent=2, ensure_ascii=False))
+        return 0
+    print(f"over {sum(report.word_counts.values()):,} words of text ({len(report.word_counts):,} distinct):")
+    for r in words:
+        cov = "never seen" if r["coverage"] is None else f"coverage {r['coverage']:.0%} of {r['occurrences']:,}"
+        if r["purity"] is None:
+            print(f"  {r['word']}: {len(r['ids'])} tokens ({'+'.join(r['tokens'])}); {cov}")
+        else:
+            print(f"  {r['word']}: {r['tokens'][0]!r}, purity {r['purity']:.0%} of {r['uses']:,} uses; {cov}")
+    if summary["word_tokens"]:
+        print(f"tokens that stand for a word (the whole word in {summary['min_uses']}+ uses): {summary['word_tokens']:,}; "
+              f"pure (the whole word in {PURE:.0%}+ of their uses): {summary['pure']:,} ({summary['pure_share']:.0%}), "
+              f"{summary['uses_pure_share']:.0%} of their uses")
+        print("least pure: " + ", ".join(f"{r['token']!r} {r['purity']:.0%} of {r['uses']:,}" for r in summary["least_pure"][:5]))
     return 0
 
 
@@ -154,7 +185,7 @@ def _add_tokenizer_arg(p) -> None:
 def register(sub) -> None:
     from andrea.tokenizer_train import TRAINER_VERSION, TRAINER_VERSIONS
 
-    p = sub.add_parser("tokenizer", help="the Harris tokenizer: train, encode, decode, inspect")
+    p = sub.add_parser("tokenizer", help="the Harris tokenizer: train, encode, decode, inspect, words")
     tsub = p.add_subparsers(dest="tokenizer_command", metavar="ACTION", required=True)
 
     t = tsub.add_parser("train", help="find segments by successor variety and save the tokenizer",
@@ -172,11 +203,15 @@ def register(sub) -> None:
     t.add_argument("--text-field", default="text", metavar="NAME",
                    help="the JSONL field or parquet column that holds the text (default text)")
     t.add_argument("--segments", type=int, default=8192, metavar="N",
-                   help="how many segments (default 8,192, V = 8,449; the main job uses 6,144, andrea-12m 2,048)")
+                   help="how many segments (default 8,192, V = 8,449, as the main job; andrea-12m uses 2,048)")
     t.add_argument("--trainer-version", type=int, choices=TRAINER_VERSIONS, default=TRAINER_VERSION, metavar="V",
-                   help="how segments are selected: 4 (default) scores a segment by what its absence really costs, "
-                        "a one-character segment of several bytes ('—', '’') at its bytes; 3 reproduces earlier "
-                        "releases, which dropped such segments first")
+                   help="how segments are selected: 5 (default) marks word ends, so that a whole word's token (' cat</w>') "
+                        "is that word alone and the plain ' cat' only begins longer words; 4 scores a segment by what "
+                        "its absence really costs, a one-character segment of several bytes ('—', '’') at its bytes; "
+                        "3 reproduces earlier releases, which dropped such segments first")
+    t.add_argument("--reserve", nargs="+", default=[], metavar="WORD",
+                   help="version 5: words whose word ends are kept whatever they save (the main job reserves the "
+                        "lesson's cat, dog, pet and Tuesday)")
     t.add_argument("--out", required=True, metavar="DIR", help="the folder to write the tokenizer into")
     t.set_defaults(func=cmd_tokenizer_train)
 
@@ -202,3 +237,17 @@ def register(sub) -> None:
     _add_tokenizer_arg(i)
     i.add_argument("words", nargs="+", metavar="WORD")
     i.set_defaults(func=cmd_tokenizer_inspect)
+
+    w = tsub.add_parser("words", help="purity and coverage of word tokens on a text",
+                        description="Over the words of the given text: for each WORD, its token after a space, the "
+                                    "share of that token's uses in which it is the whole word (purity) and the share "
+                                    "of the word's occurrences encoded as one token (coverage); then how many of the "
+                                    "tokens that stand for a word are pure (andrea.tokenizer_words).")
+    _add_tokenizer_arg(w)
+    w.add_argument("--text", nargs="+", required=True, metavar="FILE",
+                   help="the text to count on: files, folders or fetched sources by name, as `train` takes them")
+    w.add_argument("--sample-bytes", type=_byte_count, default=DEFAULT_SAMPLE_BYTES, metavar="N",
+                   help="count on at most about N bytes, an equal part per source (default 200M)")
+    w.add_argument("words", nargs="*", metavar="WORD", help="words to report (default: cat dog pet Tuesday)")
+    w.add_argument("--json", action="store_true", help="print the figures as JSON")
+    w.set_defaults(func=cmd_tokenizer_words)
