@@ -362,8 +362,11 @@ def write_bin_or_release(path, ckpt: Checkpoint) -> list[str]:
     ckpt.config.save(path / RELEASE_CONFIG)
     tok = ckpt.tokenizer_dict
     if tok is not None:
-
-        HarrisTokenizer.from_dict(tok).save(path)
+        saved = HarrisTokenizer.from_dict(tok)
+        saved.save(path)
+        if saved.word_ends:
+            notes.append(f"{SEGMENTS_FILE} marks word ends (\" cat</w>\", tokenizer version 5); a reader of ANDREA's "
+                         f"release format older than that takes the mark for text.")
     else:
         notes.append(f"the model has no tokenizer, so {path} has no {SEGMENTS_FILE}.")
     return notes

@@ -34,6 +34,7 @@ from andrea.config import BOS, ModelConfig
 from andrea.errors import AndreaError
 from andrea.files import atomic_output, atomic_write_bytes, read_json
 from andrea.formats.common import SEGMENTS_FILE, check_weights, checked_tokenizer, read_segments
+from andrea.tokenizer import is_word_end
 
 ACT_TO_HF = {"relu": "relu", "gelu": "gelu", "relu2": "relu2"}
 HF_TO_ACT = {v: k for k, v in ACT_TO_HF.items()}
@@ -102,10 +103,16 @@ def write_hf(path, ckpt: Checkpoint) -> list[str]:
     if tok is not None:
         segments = tok["segments"]
         atomic_write_bytes(path / SEGMENTS_FILE, (json.dumps(segments, ensure_ascii=True, indent=0) + "\n").encode())
-        atomic_write_bytes(path / "tokenizer.json", json.dumps(tokenizers_json(segments), ensure_ascii=False).encode())
+        if any(map(is_word_end, segments)):
+            (path / "tokenizer.json").unlink(missing_ok=True)
+            notes.append("the tokenizer marks word ends (\" cat</w>\"), which no `tokenizers` model expresses, so the "
+                         "folder has harris_segments.json and the rule in README.md but no tokenizer.json.")
+        else:
+            atomic_write_bytes(path / "tokenizer.json", json.dumps(tokenizers_json(segments), ensure_ascii=False).encode())
     else:
         notes.append("the model has no tokenizer, so the folder has no tokenizer files.")
-    atomic_write_bytes(path / "README.md", readme(cfg, tok is not None).encode())
+    word_ends = tok is not None and any(map(is_word_end, tok["segments"]))
+    atomic_write_bytes(path / "README.md", readme(cfg, tok is not None, word_ends).encode())
     if ckpt.optim_state is not None:
         notes.append("the Hugging Face folder holds no optimizer state (weights and tokenizer only).")
     return notes
@@ -169,7 +176,19 @@ def tokenizers_json(segments: list[str]) -> dict:
     }
 
 
-def readme(cfg: ModelConfig, has_tokenizer: bool) -> str:
+WORD_END_NOTE = """This tokenizer marks word ends: a segment written " cat</w>" stands for the bytes of " cat"
+and is taken only where the rest of a word of letters is " cat"; no other segment ends such a word
+(the plain " cat" only begins cats). No `tokenizers` model expresses that, so there is no
+tokenizer.json; the rule, in plain Python:"""
+WORD_END_STEP = """            i, end = 0, word[-1].isalnum() and not word[-1].isdecimal() and word[0] != "'"
+            while i < len(word):
+                if end and word[i:] + "</w>" in ids_of:    # a word end takes the rest of a letter word
+                    ids.append(ids_of[word[i:] + "</w>"])
+                    break                          # ... else the longest segment that starts at i
+                for j in range(min(len(word) - end, i + longest), i, -1):   # and ends before a letter word's end ..."""
+
+
+def readme(cfg: ModelConfig, has_tokenizer: bool, word_ends: bool = False) -> str:
     tok = """## Tokens
 
 Ids 0-255 are raw bytes, 256 is BOS (it starts every document and ends generation), and 257 on are
@@ -206,6 +225,10 @@ later may be split differently. The rule itself, in plain Python:
                     i += 1
         return ids
 """ if has_tokenizer else "## Tokens\n\nThis model was exported without a tokenizer.\n"
+    if word_ends:
+        lib = tok[tok.index("With the `tokenizers` library"): tok.index("The rule itself, in plain Python:") + 33]
+        step = tok[tok.index("            i = 0\n"): tok.index("i + longest), i, -1):") + 21]
+        tok = tok.replace(lib, WORD_END_NOTE).replace(step, WORD_END_STEP)
     return f"""# ANDREA model in Hugging Face GPT-2 form
 
 An ANDREA model ({cfg.n_layer} layers, d = {cfg.n_embd}, {cfg.n_head} heads, context {cfg.block_size},
