@@ -370,6 +370,16 @@ def lesson(matrix: np.ndarray, index: WordIndex) -> dict:
     return out
 
 
+def lesson_margin(cos: dict, single: dict) -> float:
+    """How far each related pair of the lesson sits above each unrelated one: the least cos of
+    LESSON_RELATED less the greatest of LESSON_UNRELATED, where `cos` maps "cat·dog" to cos θ and
+    `single` says which pairs are one token each. An unrelated pair with a word of several tokens (a
+    mean of its pieces' rows, not a word's row) is reported apart and left out; with none left, the
+    related pairs are measured from 0."""
+    unrelated = [cos[f"{a}·{b}"] for a, b in LESSON_UNRELATED if single[f"{a}·{b}"]]
+    return min(cos[f"{a}·{b}"] for a, b in LESSON_RELATED) - max(unrelated, default=0.0)
+
+
 def score_matrix(matrix: np.ndarray, index: WordIndex, sets: WordSets | None, analogies: bool = True) -> dict:
     """Every score of one table as it is (raw) and with its mean row subtracted (centred)."""
     matrix = np.asarray(matrix, dtype=np.float64)

@@ -35,7 +35,7 @@ from andrea.tokenizer import HarrisTokenizer
 from andrea.train import train
 from andrea.trainconfig import TrainConfig
 from andrea.usage import count_usage, starts_word
-from andrea.wordsim import WordSets
+from andrea.wordsim import WordSets, lesson_margin
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -51,8 +51,12 @@ def model(pos: str = "learned", seed: int = 0) -> ANDREA:
     return ANDREA(cfg).eval()
 
 
+def usage_of(tok, text: str):
+    return count_usage([[np.array(tok.encode(text), dtype=np.uint16)]], tok.vocab_size, starts_word(tok))
+
+
 def usage(text: str):
-    return count_usage([[np.array(TOK.encode(text), dtype=np.uint16)]], TOK.vocab_size, starts_word(TOK))
+    return usage_of(TOK, text)
 
 
 ALONE = usage(" " + " ".join(WORDS * 30))  # every word stands alone in all of its 30 uses
@@ -179,26 +183,49 @@ def test_sparse_updates_carry_the_optimizer_caveat_or_fail_when_every_row_moves(
 # ---------------------------------------------------------------- pairs and scores
 
 
-def lesson_rows(related: str) -> dict[str, np.ndarray]:
-    """cat close to `related`; the other lesson words on axes of their own."""
+def lesson_rows(*related: str) -> dict[str, np.ndarray]:
+    """cat close to each of `related`; the other lesson words on axes of their own."""
     rows = {w: np.eye(32)[k] for k, w in enumerate(["cat", "dog", "pet", "Tuesday", "xylophone"])}
-    rows[related] = rows["cat"] + 0.05 * np.eye(32)[10]
+    for k, w in enumerate(related):
+        rows[w] = rows["cat"] + 0.05 * np.eye(32)[10 + k]
     return rows
 
 
-def test_pairs_hold_when_cat_is_near_dog_and_fail_when_it_is_near_tuesday():
+def test_pairs_hold_when_cat_is_near_dog_and_pet_and_fail_when_it_is_near_tuesday():
     m = model()
-    set_rows(m, lesson_rows("dog"))
+    set_rows(m, lesson_rows("dog", "pet"))
     s = step_pairs(Inputs(m, TOK, "m", usage=ALONE))
     assert s.verdict == HOLDS, s.why
     assert s.numbers["cos"]["input_raw"]["cat·dog"] > 0.99 and s.numbers["usage"]["cat"]["standalone_share"] == 1
+    assert s.numbers["margin"] > 0.9
+    set_rows(m, lesson_rows("dog"))  # cat·pet no nearer than cat·Tuesday: the claim holds for dog alone
+    s = step_pairs(Inputs(m, TOK, "m", usage=ALONE))
+    assert s.verdict == CAVEAT and "cat·pet is not beyond" in s.why and s.numbers["margin"] < 0.1
     set_rows(m, lesson_rows("Tuesday"))
     assert step_pairs(Inputs(m, TOK, "m", usage=ALONE)).verdict == FAILS
 
 
+def test_a_word_of_several_tokens_is_reported_apart_from_the_pairs_verdict():
+    tok = HarrisTokenizer([" " + w for w in WORDS if w != "xylophone"])  # xylophone: ten byte tokens
+    m = ANDREA(ModelConfig(vocab_size=tok.vocab_size, n_embd=32, n_head=2, n_layer=1, block_size=16)).eval()
+    rows = lesson_rows("dog", "pet")
+    with torch.no_grad():
+        for w in ("cat", "dog", "pet", "Tuesday"):
+            m.wte.weight[tok.word_ids(w)[0]] = torch.tensor(rows[w], dtype=torch.float32)
+        for i in tok.word_ids("xylophone"):  # the pieces' mean row is cat's own
+            m.wte.weight[i] = torch.tensor(rows["cat"], dtype=torch.float32)
+    s = step_pairs(Inputs(m, tok, "m", usage=usage_of(tok, " " + " ".join(WORDS * 30))))
+    assert len(tok.word_ids("xylophone")) == 10 and s.numbers["single"]["cat·xylophone"] is False
+    assert s.numbers["cos"]["input_raw"]["cat·xylophone"] > 0.99  # it would fail the claim, were it counted
+    assert s.verdict == HOLDS, s.why
+    assert s.numbers["margin"] > 0.9 and "xylophone is 10 tokens" in s.how and "left out of the verdict" in s.how
+    assert lesson_margin({"cat·dog": 0.5, "cat·pet": 0.4, "cat·Tuesday": 0.1, "cat·xylophone": 0.3},
+                         {"cat·dog": True, "cat·pet": True, "cat·Tuesday": True, "cat·xylophone": True}) == pytest.approx(0.1)
+
+
 def test_pairs_name_a_token_that_mostly_begins_longer_words():
     m = model()
-    set_rows(m, lesson_rows("dog"))
+    set_rows(m, lesson_rows("dog", "pet"))
     prefix = usage(" " + " ".join(WORDS * 30) + " cats" * 90)  # ␣cat stands alone in 30 of its 120 uses
     s = step_pairs(Inputs(m, TOK, "m", usage=prefix))
     assert s.verdict == CAVEAT and "␣cat stands alone in only 25% of its 120 uses" in s.why and "␣cat+s" in s.why

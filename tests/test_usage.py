@@ -62,7 +62,7 @@ def test_the_whole_word_filter_keeps_tokens_that_mostly_stand_alone_and_were_see
 def test_the_sentence_names_the_share_and_the_continuations():
     usage = usage_of(" cats cats cat")
     line = usage.sentence(CAT, lambda i: TOK.id_to_piece(i).replace(" ", "␣"))
-    assert line == "␣cat stands alone in 33% of its 3 uses; it also begins ␣cat+s (67%)."
+    assert line == "␣cat stands alone in 33% of its 3 uses (its purity); it also begins ␣cat+s (67%)."
 
 
 def test_a_data_folder_is_counted_once_and_counted_again_when_prepared_again(tmp_path):
