@@ -22,7 +22,7 @@ from andrea.corpus import DEFAULT_SOURCE_NAMES, fetch_default_corpus, source_key
 from andrea.decoding.generate import TextGenerator
 from andrea.errors import AndreaError
 from andrea.evaluate import final_evaluation, token_byte_lengths
-from andrea.mainjob_settings import MAIN_RECIPE, RECIPE_SETTINGS, SHAPES
+from andrea.mainjob_settings import MAIN_RECIPE, RECIPE_SETTINGS, RESERVED_WORDS, SHAPES
 from andrea.metrics import read_metrics
 from andrea.model import ANDREA, tune_for_training
 from andrea.optim import make_optimizer
@@ -109,7 +109,8 @@ def time_cpu_step(job: MainJob | None = None, steps: int = 3, warmup: int = 1) -
 def tokenizer_folder(n_segments: int, names) -> Path:
     """Where the main job keeps its tokenizer of n_segments fitted on these sources."""
     names = sorted(source_key(n) for n in names)
-    key = hashlib.sha256(f"{n_segments}|{'+'.join(names)}|{WORD_PATTERN}|{TRAINER_VERSION}".encode()).hexdigest()[:16]
+    key = f"{n_segments}|{'+'.join(names)}|{WORD_PATTERN}|{TRAINER_VERSION}|{'+'.join(RESERVED_WORDS)}"
+    key = hashlib.sha256(key.encode()).hexdigest()[:16]
     return tokenizers_dir() / f"harris-{n_segments}-{key}"
 
 
@@ -138,7 +139,7 @@ def prepared_tokenizer(n_segments: int, names: list[str], log=print):
             set_aside_strays(folder, log, everything=True)
     log(f"training the Harris tokenizer ({n_segments:,} segments), an equal share of text per source")
     texts, weights = load_training_texts(names, {n: 1.0 for n in names})
-    tok = train_tokenizer(texts, n_segments, weights=weights, progress=True)
+    tok = train_tokenizer(texts, n_segments, weights=weights, progress=True, reserve=RESERVED_WORDS)
     tok.save(folder)
     return tok, folder
 

@@ -45,7 +45,7 @@ def cmd_main(args) -> int:
 
 
 def register(sub) -> None:
-    from andrea.mainjob_settings import MAIN_RECIPE, RECIPE_SETTINGS
+    from andrea.mainjob_settings import MAIN_RECIPE, MAIN_SEGMENTS, RECIPE_SETTINGS
     from andrea.trainconfig import SAMPLING
 
     p = sub.add_parser("main", help="the main job: fetch the corpus, fit the tokenizer, train a CPU model, sample",
@@ -54,13 +54,13 @@ def register(sub) -> None:
                                    "CPU-sized model with the UCB1 curriculum for a bounded time, then print validation "
                                    "bits per byte, a few samples and where the checkpoint is.")
     p.add_argument("--preset", help="model preset, with its own vocabulary (default: andrea-cpu at 16 x 256 on a CPU; "
-                   "on a CUDA GPU andrea-12m's body with the main job's 6,144 segments, V 6,401, at 32 x 1024, "
+                   f"on a CUDA GPU andrea-12m's body with the main job's {MAIN_SEGMENTS:,} segments, V {MAIN_SEGMENTS + 257:,}, at 32 x 1024, "
                    "stopped when validation stops improving)")
     p.add_argument("--minutes", type=float, default=15.0, help="minutes of training (default 15)")
     p.add_argument("--steps", type=int, help="train for this many steps instead of --minutes (a model that does not "
                    "depend on the machine's speed or load; the v3 schedule then decays over steps)")
     p.add_argument("--segments", type=int, metavar="N", help="the tokenizer's segments, and so the model's vocabulary "
-                   "(V = N + 257; default: the preset's, and 6,144 on a CUDA GPU without --preset)")
+                   f"(V = N + 257; default: the preset's, and {MAIN_SEGMENTS:,} on a CUDA GPU without --preset)")
     p.add_argument("--out", help="the run folder (default runs/main-<date>-<time>)")
     p.add_argument("--sampling", default="ucb", choices=SAMPLING,
                    help="how each step's source is chosen (default: the UCB1 curriculum)")
