@@ -9,8 +9,9 @@ sources and each; bits per byte do not depend on the vocabulary), the share of S
 WordSim-353's words that are single tokens in their word-initial form, the lesson's words that
 are, and the word-similarity scores of the centred input table (all pairs; n and null spread in
 the JSON, and over the pairs of words that stand alone in the run's training text) with the
-lesson's cos(␣cat, ␣dog) − cos(␣cat, ␣Tuesday) against 3/√d, and bench_chat.py's chat measure of
-the best checkpoint; beside them the
+lesson's cos(␣cat, ␣dog) − cos(␣cat, ␣Tuesday) and its margin (andrea.wordsim.lesson_margin)
+against 3/√d, `andrea lesson`'s verdicts on its pairs and scores steps, and bench_chat.py's chat
+measure of the best checkpoint; beside them the
 same scores of the count-based reference on the same training tokens (PPMI of ±2-token
 co-occurrences, SVD to d, centred; `andrea.wordsim.ppmi_vectors`), once per segment count. With
 several seeds, a row of means ± standard deviations follows each count's runs.
@@ -36,8 +37,12 @@ from common import load_average, machine_line, md_table, say
 def table_scores(table: dict) -> dict:
     """ρ on both sets (all pairs, and pairs of words that stand alone where the usage is known) and
     the lesson's gap, of one centred table's report."""
-    gap = table["lesson"]["cat·dog"]["cos"] - table["lesson"]["cat·Tuesday"]["cos"]
-    return {"simlex": table["simlex999"]["all"], "wordsim": table["wordsim353"]["all"], "gap": gap,
+    from andrea.wordsim import lesson_margin
+
+    cos = {k: v["cos"] for k, v in table["lesson"].items()}
+    gap = cos["cat·dog"] - cos["cat·Tuesday"]
+    margin = lesson_margin(cos, {k: v["single"] for k, v in table["lesson"].items()})
+    return {"simlex": table["simlex999"]["all"], "wordsim": table["wordsim353"]["all"], "gap": gap, "margin": margin,
             "simlex_alone": table["simlex999"].get("standalone"), "wordsim_alone": table["wordsim353"].get("standalone"),
             "lesson": table["lesson"]}
 
@@ -59,6 +64,14 @@ def chat_scores(checkpoint: str) -> dict:
     return {"non_empty": r["non_empty"], "turn": r["turn"], "replies": len(r["replies"])}
 
 
+def lesson_verdicts(checkpoint: str) -> dict:
+    """`andrea lesson`'s verdicts on the pairs and the scores steps (5 and 6) of the checkpoint."""
+    from andrea.lesson import load_inputs, step_pairs, step_scores
+
+    inp = load_inputs(checkpoint)
+    return {step.__name__.removeprefix("step_"): step(inp).verdict for step in (step_pairs, step_scores)}
+
+
 def scores(checkpoint: str) -> dict:
     """Coverage and the centred input table's scores of a trained checkpoint."""
     from andrea.checkpoint import load_model
@@ -69,7 +82,7 @@ def scores(checkpoint: str) -> dict:
     index = word_index(tok, model.config.vocab_size, sets)
     standalone_index(index, checkpoint, tok)
     report = similarity(model_tables(model), index, sets, analogies=False)
-    return {"chat": chat_scores(checkpoint), "coverage": report.coverage, "lesson_single": [w for w in LESSON_WORDS if index.single(w)],
+    return {"chat": chat_scores(checkpoint), "verdicts": lesson_verdicts(checkpoint), "coverage": report.coverage, "lesson_single": [w for w in LESSON_WORDS if index.single(w)],
             "band": 3 / math.sqrt(report.d), **table_scores(report.tables["input"]["centred"])}
 
 
@@ -119,7 +132,17 @@ def row(r: dict) -> list:
     return [f"{r['segments']:,}", f"{r['segments'] + 257:,}", str(r["seed"]), f"{r['params']:,}", f"{r['steps']:,}",
             f"{r['tokens_per_s']:,.0f}", f"{r['val_bpb']:.4f}{se}", by, share["simlex999"], share["wordsim353"],
             " ".join(r["lesson_single"]) or "-", f"{r['simlex']['rho']:+.3f}", f"{r['wordsim']['rho']:+.3f}",
-            alone(r), f"{r['gap']:+.3f}", chat, r["load"]]
+            alone(r), lesson_cos(r), f"{r['gap']:+.3f} / {r['margin']:+.3f}", verdicts(r), chat, r["load"]]
+
+
+def lesson_cos(r: dict) -> str:
+    """cat·dog / cat·pet / cat·Tuesday / cat·xylophone, cos on the centred input table."""
+    return " / ".join(f"{r['lesson'][p]['cos']:+.3f}" for p in ("cat·dog", "cat·pet", "cat·Tuesday", "cat·xylophone"))
+
+
+def verdicts(r: dict) -> str:
+    v = r.get("verdicts")
+    return f"{v['pairs']} / {v['scores']}" if v else ""
 
 
 def alone(r: dict) -> str:
@@ -144,7 +167,9 @@ def mean_row(runs: list[dict]) -> list:
             ms((r["simlex"]["rho"] for r in runs), "+.3f"), ms((r["wordsim"]["rho"] for r in runs), "+.3f"),
             (f"{ms((r['simlex_alone']['rho'] for r in runs), '+.3f')} / {ms((r['wordsim_alone']['rho'] for r in runs), '+.3f')}"
              if all(r.get("simlex_alone") and r.get("wordsim_alone") for r in runs) else ""),
-            ms((r["gap"] for r in runs), "+.3f"),
+            " / ".join(ms((r["lesson"][p]["cos"] for r in runs), "+.3f") for p in ("cat·dog", "cat·pet", "cat·Tuesday",
+                                                                                   "cat·xylophone")),
+            f"{ms((r['gap'] for r in runs), '+.3f')} / {ms((r['margin'] for r in runs), '+.3f')}", "",
             (f"{ms((r['chat']['non_empty'] * 100 for r in runs), '.0f')}% / {ms((r['chat']['turn'] * 100 for r in runs), '.0f')}%"
              if all(r.get("chat") for r in runs) else ""), ""]
 
@@ -181,7 +206,7 @@ def main(argv=None) -> int:
             rows.append(mean_row(runs))
         p = ppmi[n]
         rows.append([f"{n:,}", "", "PPMI", "", "", "", "", "", "", "", "", f"{p['simlex']['rho']:+.3f}",
-                     f"{p['wordsim']['rho']:+.3f}", alone(p), f"{p['gap']:+.3f}", "", ""])
+                     f"{p['wordsim']['rho']:+.3f}", alone(p), lesson_cos(p), f"{p['gap']:+.3f} / {p['margin']:+.3f}", "", "", ""])
     first = next(iter(results.values()))[0]
     print("## The main job's vocabulary at equal wall time (`bench_vocab.py`)\n")
     print(machine_line() + "\n")
@@ -194,14 +219,18 @@ def main(argv=None) -> int:
           f"word-initial form. ρ: Spearman, all pairs (SimLex-999 n {first['simlex']['n']}, null ±"
           f"{first['simlex']['null']:.3f}; WordSim-353 n {first['wordsim']['n']}, null ±{first['wordsim']['null']:.3f}), "
           f"centred input table of the best checkpoint. Lesson gap: cos(␣cat, ␣dog) − cos(␣cat, ␣Tuesday), the "
-          f"same table; the target 3/√d is {first['band']:.3f}. Standing alone: ρ over the pairs whose two words are "
+          f"same table, whose cat·dog / cat·pet / cat·Tuesday / cat·xylophone cos θ are given (xylophone, where it "
+          f"is several tokens, as their mean row); margin: the lesser of cat·dog and cat·pet less the greater of the "
+          f"unrelated pairs of single tokens (andrea.wordsim.lesson_margin); the target of both is 3/√d = "
+          f"{first['band']:.3f}. Lesson: `andrea lesson`'s verdicts on its steps 5 (pairs) and 6 (scores). Standing alone: ρ over the pairs whose two words are "
           f"single tokens {STANDALONE_RULE} of the run's training text (andrea.usage). Chat: bench_chat.py's share of "
           f"non-empty replies / of replies that end at the turn's end ({CHAT_REPLIES} replies a run). PPMI rows: the "
           f"count-based reference on the same training tokens, centred, d 256.\n")
     print(md_table(["segments", "V", "seed", "parameters", "steps", "tokens/s", "val bpb", "by source", "SimLex single",
                     "WordSim single", "lesson words single", "SimLex ρ", "WordSim ρ", "SimLex ρ / WordSim ρ, standing alone",
-                    "lesson gap", "chat", "load at start"],
-                   rows, right={0, 1, 3, 4, 5, 6, 11, 12, 14}))
+                    "cat·dog / pet / Tuesday / xylophone", "lesson gap / margin", "lesson pairs / scores", "chat",
+                    "load at start"],
+                   rows, right={0, 1, 3, 4, 5, 6, 11, 12, 15}))
     return 0
 
 
