@@ -15,7 +15,8 @@ once and weighed by its count. The word-end tokens of tokenizer version 5 (" cat
 construction (a plain segment never ends a letter word there); the plain " cat" of earlier
 versions is as pure as the text makes it (34% on the default corpus, where it also begins cats,
 category and catholic). `andrea tokenizer words` prints
-this report; the lab's Token view shows the figures of the word it looks up.
+this report; the lab's Token view shows the figures of the word it looks up, counted on the run's
+training text as `data_word_counts` decodes it from the token shards.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+import numpy as np
+
+from andrea.config import BOS
 from andrea.tokenizer import LETTER_WORD
 
 PURE = 0.9  # a word token is pure, and a word covered, at this share or more
@@ -55,6 +59,18 @@ class WordTokens:
             out.update(uses=int(self.uses[spaced[0]]), purity=self.purity(spaced[0]))
         return out
 
+    def sentence(self, tokenizer, word: str) -> str:
+        """One word's figures in words: its coverage, then its token's purity (or its pieces)."""
+        r = self.word(tokenizer, word)
+        label = "+".join(r["tokens"]).replace(" ", "␣")
+        if not r["occurrences"]:
+            return f"{r['word']} does not occur in the training text as a word of its own ({label})"
+        line = (f"{r['word']} occurs {r['occurrences']:,} times in the training text, {r['coverage']:.0%} of them as one "
+                f"token (its coverage)")
+        if r["purity"] is None:
+            return line + f"; after a space it is {len(r['ids'])} tokens: {label}"
+        return line + f"; {label} is the whole word in {r['purity']:.0%} of its {r['uses']:,} uses (its purity)"
+
     def summary(self, tokenizer, min_uses: int = MIN_USES) -> dict:
         """The word tokens (whole words in at least min_uses uses): how many, how many pure, the least pure."""
         rows = [(i, self.uses[i], self.purity(i)) for i in self.whole if self.whole[i] >= min_uses
@@ -78,3 +94,25 @@ def word_tokens(tokenizer, word_counts) -> WordTokens:
         if len(ids) == 1:
             whole[ids[0]] += k
     return WordTokens(uses, whole, Counter(word_counts))
+
+
+def data_word_counts(data, tokenizer, chunk_tokens: int = 4_000_000) -> Counter:
+    """The word counts of a prepared data folder's training text (`andrea.shards.TokenData`), its
+    documents decoded from the shards: each is cut at its BOS and decoded whole, so no word is split
+    where a chunk or a shard ends. Decoding is exact, so these are the counts of the text itself."""
+    from andrea.tokenizer_train import count_words
+
+    counts = Counter()
+    for source in data.sources.values():
+        carry = np.zeros(0, dtype=np.int64)
+        for shard in source.train.shards:
+            for s in range(0, len(shard), chunk_tokens):
+                ids = np.concatenate([carry, np.asarray(shard[s : s + chunk_tokens], dtype=np.int64)])
+                starts = np.flatnonzero(ids == BOS)
+                cut = int(starts[-1]) if len(starts) else 0
+                docs = np.split(ids[:cut], starts[starts < cut])
+                counts.update(count_words([tokenizer.decode(d.tolist()) for d in docs if len(d)], workers=1))
+                carry = ids[cut:]
+        if len(carry):
+            counts.update(count_words([tokenizer.decode(carry.tolist())], workers=1))
+    return counts

@@ -19,7 +19,7 @@ from andrea.errors import AndreaError
 from andrea.stdlib_engine import Tokenizer as EngineTokenizer
 from andrea.tokenizer import WORD_RE, HarrisTokenizer
 from andrea.tokenizer_train import count_words, train_tokenizer
-from andrea.tokenizer_words import word_tokens
+from andrea.tokenizer_words import data_word_counts, word_tokens
 from andrea.vectors import whole_word_mask
 
 SEGMENTS = [" cat", " cat</w>", "s</w>", "egory</w>", " the</w>", " do", "og</w>", "'s", "ing", "ing</w>", " sing</w>"]
@@ -157,6 +157,51 @@ def test_purity_and_coverage_counted_by_hand():
     assert r["tokens"] == [" cat</w>"] and r["uses"] == 3 and r["purity"] == 1 and r["coverage"] == 1
     s = word_tokens(marked, counts).summary(marked, min_uses=1)
     assert s["word_tokens"] == 2 and s["pure"] == 2  # " cat</w>" and " the</w>"
+
+
+def test_word_counts_decoded_from_shards_are_the_texts_and_the_lab_shows_purity_and_coverage(tmp_path):
+    import torch
+    from starlette.testclient import TestClient
+
+    from andrea.checkpoint import save_checkpoint
+    from andrea.config import ModelConfig
+    from andrea.embed import load_subject
+    from andrea.model import ANDREA
+    from andrea.prepare import prepare
+    from andrea.shards import TokenData
+    from andrea.web.lab import create_app
+
+    tok = HarrisTokenizer(SEGMENTS)
+    docs = [f"The cat{k % 3 * 's'} and the dog's category.\n" for k in range(300)]
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    data = tmp_path / "data"
+    prepare(tok, [str(tmp_path / "a.jsonl")], data, log=lambda *a: None, progress=False, val_share=0.1)
+    folder = TokenData(data)
+    train = []  # the training documents as the shards hold them, each decoded in one piece
+    for source in folder.sources.values():
+        doc = []
+        for i in np.concatenate([np.asarray(sh) for sh in source.train.shards]).tolist() + [harris.BOS]:
+            if i == harris.BOS:
+                train.append(tok.decode(doc))
+                doc = []
+            else:
+                doc.append(i)
+    expected = count_words(train)
+    counts = data_word_counts(folder, tok)
+    assert counts == expected and counts == data_word_counts(folder, tok, chunk_tokens=7)  # cut anywhere: the same
+    assert counts[" cat"] + counts[" cats"] + counts[" catss"] == counts[" and"] > 200
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=tok.vocab_size, n_embd=8, n_head=2, n_layer=1, block_size=8)
+    run = tmp_path / "run"
+    run.mkdir()
+    save_checkpoint(run / "latest.safetensors", cfg, ANDREA(cfg).state_dict(), meta={"step": 1, "tokenizer": tok.to_dict()})
+    (run / "train.json").write_text(json.dumps({"data": str(data)}))
+    with TestClient(create_app(load_subject(run))) as c:
+        r = c.post("/api/token", json={"word": "cat", "k": 3}).json()
+        assert r["word_tokens"]["tokens"] == [" cat</w>"] and r["word_tokens"]["purity"] == 1
+        assert r["word_tokens"]["coverage"] == pytest.approx(counts[" cat"] / (counts[" cat"] + counts["cat"]))
+        assert f"cat occurs {counts[' cat']:,} times in the training text, 100% of them as one token" in r["word_line"]
+        assert c.post("/api/token", json={"word": "#257", "k": 3}).json()["word_line"] is None
 
 
 def test_whole_words_are_the_word_ends_where_there_are_any():

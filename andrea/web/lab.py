@@ -7,7 +7,8 @@ endpoint under /api/ that calls the same `andrea.embed` functions the `andrea em
 
     GET  /api/info         the model, its config, the presets, the limits below
     POST /api/params       {"preset": null | NAME}                      where the parameters live
-    POST /api/token        {"word", "bare", "whole_words", "metric", "k"} lookup, norms, neighbours
+    POST /api/token        {"word", "bare", "whole_words", "metric", "k"} lookup, norms, neighbours,
+                           and where the run's data is known the word's purity and coverage there
     POST /api/compare      {"a", "b", "bare"}                            dot, norms, cos, angle, plane
     POST /api/map          {"words" | "top", "method", "table", "bare"}  2-D map
     GET  /api/positions                                                  position similarity
@@ -40,7 +41,9 @@ from andrea.errors import AndreaError, longer_than_context
 from andrea.lesson import inputs_for
 from andrea.lesson import lesson as lesson_steps
 from andrea.lesson import to_json as lesson_json
-from andrea.usage import run_usage
+from andrea.tokenizer import LETTER_WORD
+from andrea.tokenizer_words import data_word_counts, word_tokens
+from andrea.usage import run_data, run_usage
 from andrea.vectors import METRICS, whole_word_mask
 from andrea.web import lab_growth
 from andrea.web.common import MAX_K, MAX_WORD_CHARS, finite, rounded
@@ -99,6 +102,17 @@ class LabViews:
             self._usage = run_usage(self.subject.checkpoint, self.tok, log=_log)
         return self._usage
 
+    def words(self):
+        """Purity and coverage over the run's training text (andrea.tokenizer_words), counted once where
+        its usage is known (the same data, prepared with this tokenizer): (figures or None, why not)."""
+        if not hasattr(self, "_words"):
+            usage, why = self.usage()
+            data, why = run_data(self.subject.checkpoint, self.tok.vocab_size) if usage is not None else (None, why)
+            if data is not None:
+                _log(f"counting the words of {data.dir}'s training text for purity and coverage")
+            self._words = (word_tokens(self.tok, data_word_counts(data, self.tok)), "") if data is not None else (None, why)
+        return self._words
+
     def lesson(self, f: Fields) -> dict:
         """The lesson's steps on this model (andrea.lesson), computed once; without the PPMI reference,
         which `andrea lesson` adds."""
@@ -116,7 +130,9 @@ class LabViews:
         out = {}
         for which in embed.TABLES:
             out[which] = embed.neighbours(self.model, self.tok, word, k, metric, which, bare, whole, usage)
-        return {"word": out["input"]["word"], "metric": metric, "whole_words": whole,
+        words = self.words()[0] if LETTER_WORD.fullmatch(word.strip()) else None
+        return {"word_tokens": words.word(self.tok, word) if words else None,
+                "word_line": words.sentence(self.tok, word) if words else None,"word": out["input"]["word"], "metric": metric, "whole_words": whole,
                 "whole_words_rule": out["input"]["whole_words_rule"], "usage": out["input"].get("usage"),
                 "usage_line": out["input"].get("usage_line"), "usage_unknown": why or None,
                 "norms": {w: out[w]["norm"] for w in embed.TABLES},

@@ -150,6 +150,8 @@ DRAW.token = () => run("token", async () => {
   if (r.word.note) box.append(el("div", { class: "note", text: r.word.note }));
   // a row learns what its token does in use: say how this one is used in the run's training text
   if (r.usage_line) box.append(el("div", { id: "token-usage", class: "note", text: r.usage_line }));
+  // and how the word is encoded there: one token in how many of its occurrences (coverage, purity)
+  if (r.word_line) box.append(el("div", { id: "token-words", class: "note", text: r.word_line }));
   neighbourList($("token-input-list"), r.neighbours.input, metric);
   neighbourList($("token-output-list"), r.neighbours.output, metric);
 });
