@@ -254,12 +254,13 @@ def _word_notes(inp: Inputs, words: dict, usage: dict) -> list[str]:
 
 
 def _scores(tables: dict, index: WordIndex, pairs) -> dict:
-    """ρ of the centred input table (and PPMI) over single-token pairs and over pairs of words that
-    stand alone (andrea.wordsim.pair_scores; all single-token pairs where usage is unknown)."""
+    """ρ of the centred input table (and PPMI) over single-token pairs, over pairs of words that
+    stand alone (all single-token pairs where usage is unknown) and, apart, over pairs with a word of
+    several tokens (its pieces' mean row); each with n and the null spread (andrea.wordsim.pair_scores)."""
     out = {}
     for name, mat in tables.items():
         r = pair_scores(mat, index, pairs)
-        out[name] = {"single": r["single"], "standalone": r.get("standalone", r["single"])}
+        out[name] = {"single": r["single"], "standalone": r.get("standalone", r["single"]), "pieces": r["pieces"]}
     return out
 
 
@@ -286,6 +287,12 @@ def step_scores(inp: Inputs) -> Step:
     if ppmi:
         how += (f"; counting (PPMI) on the same pairs: {ppmi['standalone']['rho']:+.2f}"
                 + ("" if standalone is None else f" and {ppmi['single']['rho']:+.2f}"))
+    sl = numbers["sets"]["simlex999"]["input"]["standalone"]
+    how += f"; SimLex-999: ρ {sl['rho']:+.2f} over {sl['n']} pairs (null spread ±{sl['null']:.2f})"
+    apart = {s: numbers["sets"][s]["input"]["pieces"] for s in PAIR_SETS}
+    how += "; apart, pairs with a word of several tokens: " + ", ".join(
+        f"{name} ρ {apart[s]['rho']:+.2f} over {apart[s]['n']}" if apart[s]["n"] > 2 else f"{name} {apart[s]['n']}"
+        for s, name in (("wordsim353", "WordSim"), ("simlex999", "SimLex")))
     if not alone["n"] > 2 or not math.isfinite(alone["rho"]):
         return Step("scores", claim, how, CANNOT, "too few pairs of single-token words to rank", numbers)
     if alone["rho"] <= 2 * alone["null"]:
