@@ -4,7 +4,8 @@ Runs `run_main_job(MainJob(minutes=M, out=...))` as `andrea main` does (the corp
 shards come from the cache after the first run), or, with --summary, reads the summary.json of a
 run already made. Then it runs benchmarks/bench_train.py at the run's shape (preset, batch,
 sequence length) to put the training loop's tokens/s beside one training step of ANDREA and of
-transformers' GPT-2 of the same shape, measured there side by side.
+transformers' GPT-2 of the same shape, measured there side by side, and the run's samples for its
+first prompt (greedy and sampled; the summary holds the others).
 
     .venv/bin/python benchmarks/bench_mainjob.py                          # 15 minutes, like andrea main
     .venv/bin/python benchmarks/bench_mainjob.py --minutes 2 --out runs/main-short
@@ -160,9 +161,11 @@ def main(argv=None) -> int:
     if summary.get("samples"):
         where = (f" from `{summary['best_checkpoint']}` (step {summary['best_step']:,}, the lowest validation loss, "
                  f"{summary['best_val_bpb']:.4f} bits per byte)") if "best_checkpoint" in summary else ""
+        shown = summary["samples"][:1]
         print(f"\n### Samples the main job wrote{where}\n")
-        print("Repeated 4-grams: the share of the text's word 4-grams already seen earlier in it.\n\n```text")
-        for s in summary["samples"]:
+        print(f"The first of its {len(summary['samples'])} prompts (the run's summary.json holds every one); repeated "
+              f"4-grams: the share of the text's word 4-grams already seen earlier in it.\n\n```text")
+        for s in shown:
             if isinstance(s, str):  # a summary written before samples came in pairs
                 print(s.strip() + "\n")
                 continue
