@@ -1,7 +1,7 @@
 """Where andrea keeps what it fetches and builds, in one place: `~/.cache/andrea`, or the folder
 named by `$ANDREA_CACHE`.
 
-    corpus/<source>/      the fetched sources' documents (andrea.corpus)
+    corpus/<source>/      the fetched sources' documents (andrea.corpus.registry)
     tokenizers/           the main job's fitted tokenizers, keyed by their settings (andrea.mainjob)
     shards/<fingerprint>/ the main job's token shards, keyed by the tokenizer (andrea.mainjob)
     wordsets/             SimLex-999, WordSim-353 and the analogies (andrea.wordsim)

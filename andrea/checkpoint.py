@@ -34,7 +34,7 @@ from andrea.errors import AndreaError
 from andrea.files import atomic_output, check_regular, parse_json
 from andrea.model import ANDREA, param_shapes
 from andrea.optim_state import check_optimizer_layout, check_optimizer_values
-from andrea.tokenizer import HarrisTokenizer
+from andrea.tokenizer.harris import HarrisTokenizer
 from andrea.validate import is_int
 
 FORMAT = "andrea-checkpoint"

@@ -41,7 +41,7 @@ from andrea.config import BOS, N_SPECIAL, get_preset, norm_params, param_rows
 from andrea.decoding.generate import TextGenerator, stream_ids
 from andrea.errors import AndreaError, longer_than_context
 from andrea.model import ANDREA
-from andrea.tokenizer import HarrisTokenizer, label_bytes
+from andrea.tokenizer.harris import HarrisTokenizer, label_bytes
 from andrea.usage import STANDALONE_RULE
 from andrea.validate import check_seed
 from andrea.vectors import cosine_matrix, nearest, pca_2d, tsne_2d, vector_stats, whole_word_mask

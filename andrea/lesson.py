@@ -29,7 +29,7 @@ The steps, in order:
                word order changing x
     untied     the output head is a table of its own
 
-A run folder gives every step: its snapshots (`andrea.snapshots`), its training data (named in
+A run folder gives every step: its snapshots (`andrea.snapshots.store`), its training data (named in
 train.json) and, when fetched, the word sets. A bare model file, or a run without snapshots,
 gets the steps it can; the others say which input they lack.
 """
@@ -48,8 +48,8 @@ from andrea.config import get_preset, param_rows
 from andrea.embed import forward_matrix, table
 from andrea.errors import AndreaError
 from andrea.shards import TokenData
-from andrea.snapshots import snapshot_steps
-from andrea.timeline import Timeline, row_updates
+from andrea.snapshots.store import snapshot_steps
+from andrea.snapshots.timeline import Timeline, row_updates
 from andrea.usage import MIN_USES, STANDALONE, data_usage, run_data
 from andrea.vectors import vector_stats
 from andrea.wordsim import (
@@ -447,7 +447,7 @@ def to_json(inp: Inputs, steps: list[Step]) -> dict:
 
 
 def left_out(inp: Inputs) -> list[str]:
-    """The run's snapshots the lesson left out, each with why (`andrea.timeline.Timeline`)."""
+    """The run's snapshots the lesson left out, each with why (`andrea.snapshots.timeline.Timeline`)."""
     return list(inp.timeline.notes) if inp.timeline is not None else []
 
 

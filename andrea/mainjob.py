@@ -18,7 +18,7 @@ import torch
 from andrea.cache import shards_dir, tokenizers_dir
 from andrea.checkpoint import load_checkpoint, load_model
 from andrea.config import N_SPECIAL, get_preset
-from andrea.corpus import DEFAULT_SOURCE_NAMES, fetch_default_corpus, source_key
+from andrea.corpus.registry import DEFAULT_SOURCE_NAMES, fetch_default_corpus, source_key
 from andrea.decoding.generate import TextGenerator
 from andrea.errors import AndreaError
 from andrea.evaluate import final_evaluation, token_byte_lengths
@@ -28,9 +28,9 @@ from andrea.model import ANDREA, tune_for_training
 from andrea.optim import make_optimizer
 from andrea.prepare import prepare
 from andrea.shards import PROGRESS_FILE, VERIFIED_FILE, TokenData, verify_shards
-from andrea.tokenizer import WORD_PATTERN, HarrisTokenizer
-from andrea.tokenizer_sample import load_training_texts
-from andrea.tokenizer_train import TRAINER_VERSION, train_tokenizer
+from andrea.tokenizer.harris import WORD_PATTERN, HarrisTokenizer
+from andrea.tokenizer.sample import load_training_texts
+from andrea.tokenizer.train import TRAINER_VERSION, train_tokenizer
 from andrea.train import train
 from andrea.trainconfig import TrainConfig
 from andrea.wordsim import fetch_wordsets

@@ -1,6 +1,6 @@
 """`andrea prepare`: sources streamed, encoded on every core and written as token shards.
 
-Each source's documents (andrea.sources: .txt, .jsonl, .parquet, plain or compressed, folders of
+Each source's documents (andrea.corpus.sources: .txt, .jsonl, .parquet, plain or compressed, folders of
 them) are read as a stream, encoded by forked worker processes, and written as parts of about
 `shard_tokens` training tokens in the format of andrea.shards. A shard is written as
 `<file>.partial` and renamed when whole; `manifest.json` is removed at the start and written last.
@@ -25,6 +25,7 @@ import numpy as np
 
 from andrea import forkpool
 from andrea.config import BOS
+from andrea.corpus.sources import CHUNK_BYTES, DOC_BYTES, PIECE_BYTES, VAL_SHARE, documents, resolve, tasks
 from andrea.errors import AndreaError
 from andrea.files import (
     FolderLock,
@@ -46,7 +47,6 @@ from andrea.shards import (
     open_shard,
     write_shard,
 )
-from andrea.sources import CHUNK_BYTES, DOC_BYTES, PIECE_BYTES, VAL_SHARE, documents, resolve, tasks
 from andrea.validate import is_int
 
 SHARD_TOKENS = 100_000_000  # training tokens per shard (a 200 MB file), by default
@@ -64,7 +64,7 @@ def encode_documents(tokenizer, docs: list[str]) -> np.ndarray:
 
 
 def run_task(task):
-    """Encode one reader task (andrea.sources) with the tokenizer the pool shares (forkpool.shared()):
+    """Encode one reader task (andrea.corpus.sources) with the tokenizer the pool shares (forkpool.shared()):
     (train tokens, val tokens, [train documents, val documents, train bytes, val bytes]), the tokens
     as arrays of uint16."""
     train, val = array("H"), array("H")
@@ -183,7 +183,7 @@ def _split_entry(parts: list[dict], split: str) -> dict:
 
 def prepare(tokenizer, sources: list[str], out_dir, log=print, progress: bool = True, *, text_field: str = "text",
             val_share: float | None = None, shard_tokens: int = SHARD_TOKENS, workers: int | None = None) -> dict:
-    """Tokenize every source (andrea.sources) into train and val shards; write the manifest.
+    """Tokenize every source (andrea.corpus.sources) into train and val shards; write the manifest.
 
     Documents are streamed and encoded on `workers` processes (default: every core), and each
     source is written as parts of about `shard_tokens` training tokens: a train shard and a val

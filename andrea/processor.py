@@ -19,7 +19,7 @@ Where the verdict is used: recipe v3's Muon orthogonalizes each momentum matrix 
 `orthogonalization_dtype(device)` (bf16 on CUDA and on a CPU with native bf16, float32 elsewhere;
 `andrea.optim.Muon`). Nothing else on a CPU computes in a reduced format: autocast is CUDA's
 only, decoding, serving and the lab run in the weights' float32, and embedding snapshots store
-float16 rows but convert them to float64 before any arithmetic (`andrea.timeline`).
+float16 rows but convert them to float64 before any arithmetic (`andrea.snapshots.timeline`).
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ from andrea.files import (
     check_regular,
     read_json,
 )
-from andrea.tokenizer import HarrisTokenizer
+from andrea.tokenizer.harris import HarrisTokenizer
 from andrea.validate import is_int
 
 MAGIC = b"ANDREATK"

@@ -10,7 +10,7 @@ The file reads top down: `train` is the loop; `Run` holds the parts it drives (s
 model, optimizer) and does one step, one evaluation, one audit, one checkpoint each. Beside it:
 andrea.runstate (everything that changes from step to step besides weights and optimizer: what a
 checkpoint saves and `--resume` restores), andrea.distributed (processes, DDP and FSDP),
-andrea.evaluate (bits per byte), andrea.metrics (metrics.jsonl), andrea.train_snapshots (the
+andrea.evaluate (bits per byte), andrea.metrics (metrics.jsonl), andrea.snapshots.observers (the
 embedding observers) and andrea.plots (loss.png, curriculum.png).
 
 A run folder holds:
@@ -22,7 +22,7 @@ A run folder holds:
   loss.png             the loss curves, redrawn at every evaluation
   curriculum.png       pulls, rewards and weights per source over time (with a curriculum)
   embeddings/          snapshots of the embedding tables at steps 0, 1, 2, 4, … and at every
-                       evaluation (`andrea.snapshots`); with the word-similarity sets fetched, every
+                       evaluation (`andrea.snapshots.store`); with the word-similarity sets fetched, every
                        evaluation also writes their scores to metrics.jsonl (`andrea.wordsim`)
   train.json           the settings of the run
   .lock                held by the running process: a second run in the same folder is refused
@@ -90,7 +90,7 @@ from andrea.processor import bf16_verdict, processor_line
 from andrea.runstate import RunState, checkpoint_to_resume
 from andrea.shards import TokenData, check_validation, verify_shards
 from andrea.signals import Signals, is_main_process
-from andrea.train_snapshots import make_growth, score_similarity
+from andrea.snapshots.observers import make_growth, score_similarity
 from andrea.trainconfig import TrainConfig, batch_split
 
 
@@ -380,7 +380,7 @@ class Run:
         return halt
 
     def observe(self, evaluation: bool) -> None:
-        """An embedding snapshot, when one is due at this step (see `andrea.snapshots`)."""
+        """An embedding snapshot, when one is due at this step (see `andrea.snapshots.store`)."""
         if self.growth is None:
             return
         try:

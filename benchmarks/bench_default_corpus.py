@@ -28,7 +28,7 @@ import time
 
 from common import machine_line, md_table, say
 
-from andrea.corpus import EVERYDAY_SOURCES, LITERARY_SOURCES
+from andrea.corpus.registry import EVERYDAY_SOURCES, LITERARY_SOURCES
 
 EVERYDAY = list(EVERYDAY_SOURCES)
 LITERARY = list(LITERARY_SOURCES)
@@ -38,7 +38,7 @@ MIXES = ["+".join(EVERYDAY), *("+".join(EVERYDAY + [s]) for s in LITERARY), "+".
 
 def held_out_bpt(tok, names: list[str]) -> float:
     """Bytes per token over the held-out documents of `names` together."""
-    from andrea.tokenizer_sample import load_documents
+    from andrea.tokenizer.sample import load_documents
 
     docs = [d for n in names for d in load_documents(n, "val")]
     n_bytes = sum(len(d.encode("utf-8")) for d in docs)
@@ -49,7 +49,7 @@ def ppmi_scores(tok, index, names: list[str], dim: int, sets) -> dict:
     """ρ of the PPMI reference on the mix's training tokens (each document after a BOS)."""
     import numpy as np
 
-    from andrea.tokenizer_sample import load_documents
+    from andrea.tokenizer.sample import load_documents
     from andrea.wordsim import PAIR_SETS, ppmi_vectors, similarity
 
     ids = [np.asarray(t, dtype=np.int64) for n in names for t in tok.encode_batch(load_documents(n, "train"))]
@@ -86,7 +86,7 @@ def measure(names: list[str], n_segments: int, dim: int, sets) -> list:
 
 
 def main(argv=None) -> int:
-    from andrea.corpus import fetch_source
+    from andrea.corpus.registry import fetch_source
     from andrea.errors import AndreaError
     from andrea.wordsim import LESSON_WORDS, load_wordsets
 

@@ -37,7 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import REPO, machine_line, md_table  # noqa: E402
 
-from andrea.corpus import DEFAULT_SOURCE_NAMES as DEFAULT_SOURCES  # noqa: E402  (the default corpus)
+from andrea.corpus.registry import DEFAULT_SOURCE_NAMES as DEFAULT_SOURCES  # noqa: E402  (the default corpus)
 
 FORMATS = [".txt", ".jsonl.zst", ".parquet", ".txt.gz"]
 FILE_BYTES = 100_000_000
@@ -49,7 +49,7 @@ def make_corpus(folder: Path, gigabytes: float, log) -> tuple[int, int]:
     import pyarrow.parquet as pq
     import zstandard
 
-    from andrea.tokenizer_sample import load_documents
+    from andrea.tokenizer.sample import load_documents
 
     settings = {"gigabytes": gigabytes, "formats": FORMATS, "file_bytes": FILE_BYTES, "version": 1}
     done = folder / "corpus.json"
@@ -149,11 +149,11 @@ def main(argv=None) -> int:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     from andrea.cache import cache_root
+    from andrea.corpus.sources import read_documents
     from andrea.errors import AndreaError
-    from andrea.sources import read_documents
-    from andrea.tokenizer import HarrisTokenizer
-    from andrea.tokenizer_sample import load_documents
-    from andrea.tokenizer_train import train_tokenizer
+    from andrea.tokenizer.harris import HarrisTokenizer
+    from andrea.tokenizer.sample import load_documents
+    from andrea.tokenizer.train import train_tokenizer
 
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     machine = machine_line()

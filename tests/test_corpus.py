@@ -17,9 +17,9 @@ import zipfile
 import pytest
 from helpers import cli, fetched_cache, one_sentence
 
-import andrea.corpus as corpus
-import andrea.corpus_readers as corpus_readers
-import andrea.tokenizer_sample as samples
+import andrea.corpus.readers as corpus_readers
+import andrea.corpus.registry as corpus
+import andrea.tokenizer.sample as samples
 from andrea.cli import main
 from andrea.errors import AndreaError
 
@@ -195,7 +195,7 @@ def test_unknown_or_unfetched_sources_say_so(fake_sources, tmp_path):
 
 
 def test_a_text_file_is_a_source_with_documents_split_by_hash(tmp_path):
-    from andrea.sources import is_validation
+    from andrea.corpus.sources import is_validation
 
     # paragraphs of more than 20,000 bytes: each is a document of its own
     blocks = [f"block {i} " + "word " * 5000 for i in range(45)]

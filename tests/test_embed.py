@@ -42,7 +42,7 @@ from andrea.formats.projector import write_projector
 from andrea.model import ANDREA
 from andrea.plots import plot_map, plot_parameter_groups, plot_position_similarity
 from andrea.positions import sinusoidal_table
-from andrea.tokenizer import HarrisTokenizer
+from andrea.tokenizer.harris import HarrisTokenizer
 from andrea.vectors import cosine_matrix, nearest, pca_2d, tsne_2d
 
 SEGMENTS = [" cat", " dog", " pet", "cat", " Tuesday", " the", "ing", " walk"]

@@ -31,8 +31,8 @@ from andrea.formats.portable import read_json
 from andrea.model import ANDREA
 from andrea.optim import make_optimizer
 from andrea.prepare import prepare
-from andrea.tokenizer import HarrisTokenizer
-from andrea.tokenizer_train import train_tokenizer
+from andrea.tokenizer.harris import HarrisTokenizer
+from andrea.tokenizer.train import train_tokenizer
 from andrea.trainconfig import TrainConfig
 
 SEGMENTS = [" the", "the", " cat", " sat", " on", " mat", "ing", " and", "er", " dog", "é", " été", "q"]
@@ -624,7 +624,7 @@ def test_the_projector_files_are_written_whole_or_not_at_all(tmp_path, monkeypat
     import andrea.files
     from andrea.formats.projector import write_projector
     from andrea.model import ANDREA
-    from andrea.tokenizer import HarrisTokenizer
+    from andrea.tokenizer.harris import HarrisTokenizer
 
     tok = HarrisTokenizer([" cat", " dog"])
     torch.manual_seed(0)

@@ -24,7 +24,7 @@ from andrea.decoding.generate import (
     window_keep,
 )
 from andrea.errors import AndreaError
-from andrea.tokenizer_train import train_tokenizer
+from andrea.tokenizer.train import train_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 

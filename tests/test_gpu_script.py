@@ -13,7 +13,7 @@ from pathlib import Path
 from helpers import synthetic_text
 
 from andrea.prepare import prepare
-from andrea.tokenizer_train import train_tokenizer
+from andrea.tokenizer.train import train_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,4 +1,4 @@
-"""andrea.jsonline: its behaviour, and its promises under hostile input."""
+"""andrea.corpus.jsonline: its behaviour, and its promises under hostile input."""
 
 import json
 
@@ -6,7 +6,7 @@ import pytest
 from helpers import need_time, peak_rss, prose
 
 from andrea.errors import AndreaError
-from andrea.tokenizer_train import train_tokenizer
+from andrea.tokenizer.train import train_tokenizer
 
 # ---------------------------------------------------------------- hostile input
 
@@ -17,7 +17,7 @@ def test_a_long_jsonl_line_is_read_in_pieces_that_make_the_same_text_and_tokens(
     before other fields, written with and without ASCII escapes: read in pieces of at most 1 MiB
     that join to json.loads's text, that encode to exactly the tokens of the whole, and that
     fall in the split of the whole document."""
-    from andrea.sources import PIECE_BYTES, documents, first_piece, is_validation, resolve, tasks
+    from andrea.corpus.sources import PIECE_BYTES, documents, first_piece, is_validation, resolve, tasks
 
     texts = [prose(1, 200), prose(2, 5_000_000), prose(3, 300), prose(4, 4_500_000)]
     path = tmp_path / "long.jsonl"
@@ -52,7 +52,7 @@ def test_a_long_jsonl_line_is_read_in_pieces_that_make_the_same_text_and_tokens(
     ('{"text": "' + "x" * 5_000_000 + '\\q"}', "is not valid JSON (Invalid \\escape)"),
 ])
 def test_a_damaged_long_jsonl_line_ends_in_the_sentence_of_a_short_one(tmp_path, line, words):
-    from andrea.sources import documents, resolve, tasks
+    from andrea.corpus.sources import documents, resolve, tasks
 
     path = tmp_path / "bad.jsonl"
     path.write_text('{"text": "fine"}\n' + line + "\n")

@@ -172,7 +172,7 @@ def map_points(browser):
 
 
 def test_the_growth_slider_changes_what_is_shown(browser, growth_url, growth_run, growth_subject):
-    from andrea.timeline import WHY_UNSEEN, Timeline, aligned_map, neighbours_at, row_updates
+    from andrea.snapshots.timeline import WHY_UNSEEN, Timeline, aligned_map, neighbours_at, row_updates
 
     tl = Timeline(growth_run[0], growth_subject.tokenizer)
     shots.open_view(browser, growth_url, "growth")

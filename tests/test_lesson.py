@@ -29,9 +29,9 @@ from andrea.lesson import (
     step_untied,
 )
 from andrea.model import ANDREA
-from andrea.snapshots import Growth
-from andrea.timeline import Timeline
-from andrea.tokenizer import HarrisTokenizer
+from andrea.snapshots.store import Growth
+from andrea.snapshots.timeline import Timeline
+from andrea.tokenizer.harris import HarrisTokenizer
 from andrea.train import train
 from andrea.trainconfig import TrainConfig
 from andrea.usage import count_usage, starts_word

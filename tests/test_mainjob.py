@@ -113,7 +113,7 @@ def prepared_cache(tmp_path, monkeypatch):
     """(the mainjob module, a tokenizer, its prepared shard folder, the log's lines): the main job's
     shard stage run once on a small text, its cache under tmp_path."""
     import andrea.mainjob as mainjob
-    from andrea.tokenizer import HarrisTokenizer
+    from andrea.tokenizer.harris import HarrisTokenizer
 
     monkeypatch.setattr(mainjob, "shards_dir", lambda: tmp_path / "shards")
     (tmp_path / "a.txt").write_text(" the cat sat on the mat.\n\n" * 4000)

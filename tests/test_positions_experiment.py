@@ -25,7 +25,7 @@ from andrea.experiments.positions import (
 from andrea.model import ANDREA
 from andrea.prepare import prepare
 from andrea.shards import TokenData
-from andrea.tokenizer_train import train_tokenizer
+from andrea.tokenizer.train import train_tokenizer
 
 WORDS = "the cat sat on a mat and the dog ran to its pet while kings and queens talked of old things".split()
 

@@ -30,13 +30,13 @@ from helpers import (
     temp_files,
 )
 
-import andrea.sources as sources
+import andrea.corpus.sources as sources
 from andrea.cli import main
+from andrea.corpus.sources import is_validation
 from andrea.errors import AndreaError
 from andrea.prepare import prepare
 from andrea.shards import PROGRESS_FILE, TokenData
-from andrea.sources import is_validation
-from andrea.tokenizer import BOS
+from andrea.tokenizer.harris import BOS
 
 
 @pytest.fixture(scope="module")
@@ -156,10 +156,10 @@ def _documents_of(tok, tokens: np.ndarray) -> list[str]:
 
 KILLER = textwrap.dedent("""
     import os, signal, sys
-    import andrea.sources as sources
+    import andrea.corpus.sources as sources
     from andrea.prepare import prepare
-    from andrea.tokenizer import HarrisTokenizer
-    from andrea.tokenizer_train import train_tokenizer
+    from andrea.tokenizer.harris import HarrisTokenizer
+    from andrea.tokenizer.train import train_tokenizer
     sources.CHUNK_BYTES = 5000
     written = []
     def log(line):

@@ -14,11 +14,11 @@ import zlib
 
 import pytest
 
-import andrea.corpus as corpus
-import andrea.corpus_readers as corpus_readers
-import andrea.tokenizer_sample as samples
+import andrea.corpus.readers as corpus_readers
+import andrea.corpus.registry as corpus
+import andrea.tokenizer.sample as samples
+from andrea.corpus.rdata import read_lazyload, unserialize
 from andrea.errors import AndreaError
-from andrea.rdata import read_lazyload, unserialize
 
 ASCII, UTF8, LATIN1 = 1 << 6, 1 << 3, 1 << 2  # a string's encoding, in the levels of its flags
 

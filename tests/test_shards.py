@@ -24,7 +24,7 @@ from helpers import (
     text_train_args,
 )
 
-import andrea.sources as sources
+import andrea.corpus.sources as sources
 from andrea.prepare import prepare
 from andrea.shards import HEADER, TokenData, open_shard, write_shard
 

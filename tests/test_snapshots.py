@@ -17,8 +17,8 @@ from helpers import opts, quiet, tiny_config
 from andrea.checkpoint import load_checkpoint, save_checkpoint
 from andrea.cli import main
 from andrea.errors import AndreaError
-from andrea.snapshots import choose_rows, is_log_step, read_snapshot, snapshot_path, snapshot_steps
-from andrea.timeline import Timeline, aligned_map, neighbours_at, pair_series, rho_series, row_updates
+from andrea.snapshots.store import choose_rows, is_log_step, read_snapshot, snapshot_path, snapshot_steps
+from andrea.snapshots.timeline import Timeline, aligned_map, neighbours_at, pair_series, rho_series, row_updates
 from andrea.train import train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -290,7 +290,7 @@ def test_a_run_resumed_with_other_snapshot_rows_keeps_its_own(data_dir, tmp_path
     """--resume with another --snapshot-rows would write snapshots of two row sets into one folder:
     the run goes on keeping the rows of its own snapshots, says so, and every snapshot reads back
     with the same rows."""
-    import andrea.snapshots as snapshots
+    import andrea.snapshots.store as snapshots
 
     monkeypatch.setattr(snapshots, "WHOLE_LIMIT", 16)  # a "large" table: rows are chosen
     cfg = tiny_config(data_dir)

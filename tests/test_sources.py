@@ -1,4 +1,4 @@
-"""andrea.sources: its behaviour, and its promises under hostile input."""
+"""andrea.corpus.sources: its behaviour, and its promises under hostile input."""
 
 import json
 import random
@@ -66,7 +66,7 @@ def test_the_zstd_frame_walk_agrees_with_the_zstd_command_at_every_cut(tmp_path)
     """Which cuts of a .zst file are whole, by the frame walk and by `zstd -t` (the reference
     decoder): the same answer for every length of a small file of two frames (with a skippable
     frame and a checksum) and for cuts all over larger files made with the command's options."""
-    from andrea.sources import zstd_truncation
+    from andrea.corpus.sources import zstd_truncation
 
     def zstd(data: bytes, *flags: str) -> bytes:
         return subprocess.run(["zstd", "-q", "-c", *flags], input=data, capture_output=True, check=True).stdout

@@ -27,7 +27,7 @@ from andrea.model import ANDREA
 from andrea.optim import MUON, is_block_matrix, make_optimizer, param_groups
 from andrea.prepare import prepare
 from andrea.shards import TokenData
-from andrea.tokenizer_train import train_tokenizer
+from andrea.tokenizer.train import train_tokenizer
 from andrea.trainconfig import DEFAULT_LR
 
 TINY = ModelConfig(vocab_size=300, n_embd=32, n_head=4, n_layer=2, block_size=16)

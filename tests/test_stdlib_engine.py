@@ -20,7 +20,7 @@ from andrea.config import ModelConfig
 from andrea.decoding.generate import TextGenerator, generate_ids
 from andrea.formats import write_model
 from andrea.model import ANDREA
-from andrea.tokenizer import HarrisTokenizer
+from andrea.tokenizer.harris import HarrisTokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 SEGMENTS = [" the", "the", " cat", " sat", " on", " mat", "ing", " and", "er", " dog", "é", " été", "q", "ab", "abc", "  "]

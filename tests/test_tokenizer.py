@@ -20,11 +20,11 @@ from helpers import N_SMALL, SMALL_WORDS, cli, dash_docs, morphology_text, need_
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import andrea.tokenizer as harris
+import andrea.tokenizer.harris as harris
 from andrea.cli import main
 from andrea.errors import AndreaError
-from andrea.tokenizer import BOS, WORD_RE, HarrisTokenizer
-from andrea.tokenizer_train import train_tokenizer
+from andrea.tokenizer.harris import BOS, WORD_RE, HarrisTokenizer
+from andrea.tokenizer.train import train_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -244,11 +244,11 @@ def test_encode_batch_equals_encode(tok, text, monkeypatch):
 
 # ---------------------------------------------------------------- the compiled module
 
-needs_compiled = pytest.mark.skipif(harris._compiled is None, reason="andrea._harris was not built (no C compiler)")
+needs_compiled = pytest.mark.skipif(harris._compiled is None, reason="andrea.tokenizer._harris was not built (no C compiler)")
 
 
 def python_only(segments) -> HarrisTokenizer:
-    """A tokenizer that encodes with the Python steps, as where andrea._harris was not built."""
+    """A tokenizer that encodes with the Python steps, as where andrea.tokenizer._harris was not built."""
     saved, harris._compiled = harris._compiled, None
     try:
         return HarrisTokenizer(segments)
@@ -258,7 +258,7 @@ def python_only(segments) -> HarrisTokenizer:
 
 def test_the_compiled_module_is_built_where_there_is_a_c_compiler():
     if not (shutil.which("cc") or shutil.which("gcc")):
-        pytest.skip("no C compiler here, so setup builds no andrea._harris")
+        pytest.skip("no C compiler here, so setup builds no andrea.tokenizer._harris")
     assert harris._compiled is not None and HarrisTokenizer(["ab"])._trie is not None
 
 
@@ -300,8 +300,8 @@ def test_compiled_word_cache_starts_over_at_its_limit(tok, text, monkeypatch):
 
 def test_without_the_compiled_module_training_and_encoding_are_the_same(tok, text):
     """ANDREA_NO_COMPILED=1 runs the Python steps, as an install without a C compiler does."""
-    code = ("import sys, json; sys.path.insert(0, 'tests'); import helpers as t; import andrea.tokenizer as h; "
-            "from andrea.tokenizer_train import train_tokenizer; "
+    code = ("import sys, json; sys.path.insert(0, 'tests'); import helpers as t; import andrea.tokenizer.harris as h; "
+            "from andrea.tokenizer.train import train_tokenizer; "
             "text = t.morphology_text(); tok = train_tokenizer([text], t.N_SMALL); "
             "print(json.dumps([h._compiled is None, tok.segments, tok.encode(text[:20000]), tok.encode('naïve 😀 \\ud800')]))")
     env = {**os.environ, "ANDREA_NO_COMPILED": "1"}

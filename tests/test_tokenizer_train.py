@@ -17,15 +17,15 @@ from pathlib import Path
 import pytest
 from helpers import N_SMALL, STEMS, WORDS, dash_docs, morphology_text, prep_doc
 
-import andrea.sources as sources
-import andrea.tokenizer_train as trainer
+import andrea.corpus.sources as sources
+import andrea.tokenizer.train as trainer
 from andrea.cache import corpus_dir
 from andrea.cli import main
-from andrea.corpus import DEFAULT_SOURCE_NAMES
+from andrea.corpus.registry import DEFAULT_SOURCE_NAMES
 from andrea.errors import AndreaError
-from andrea.tokenizer import WORD_RE, HarrisTokenizer
-from andrea.tokenizer_sample import load_training_texts, sample_source
-from andrea.tokenizer_train import SuccessorVariety, successor_variety, train_tokenizer
+from andrea.tokenizer.harris import WORD_RE, HarrisTokenizer
+from andrea.tokenizer.sample import load_training_texts, sample_source
+from andrea.tokenizer.train import SuccessorVariety, successor_variety, train_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +155,7 @@ def test_training_is_deterministic(tok, text):
 def test_training_does_not_depend_on_the_hash_seed(tok):
     """Sets and dicts iterate in an order that varies with PYTHONHASHSEED; the segments must not."""
     code = ("import sys; sys.path.insert(0, sys.argv[1]); from helpers import morphology_text, N_SMALL; "
-            "from andrea.tokenizer_train import train_tokenizer; print(train_tokenizer(morphology_text(), N_SMALL).fingerprint())")
+            "from andrea.tokenizer.train import train_tokenizer; print(train_tokenizer(morphology_text(), N_SMALL).fingerprint())")
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
     done = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent)], capture_output=True, text=True,
                           env=env, timeout=120)
@@ -233,7 +233,7 @@ needs_corpus = pytest.mark.skipif(not all((corpus_dir() / s / "meta.json").exist
 
 @pytest.fixture(scope="module")
 def english():
-    from andrea.tokenizer_sample import load_documents
+    from andrea.tokenizer.sample import load_documents
 
     train = [d for s in SOURCES for d in load_documents(s, "train")][::16]  # every 16th document: about 2.4 MB
     val = [d for s in SOURCES for d in load_documents(s, "val")]

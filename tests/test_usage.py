@@ -5,7 +5,7 @@ import pytest
 
 from andrea.prepare import prepare
 from andrea.shards import TokenData
-from andrea.tokenizer import BOS, HarrisTokenizer
+from andrea.tokenizer.harris import BOS, HarrisTokenizer
 from andrea.usage import USAGE_FILE, count_usage, data_usage, starts_word
 
 TOK = HarrisTokenizer([" cat", "s", " dog", "ég", "egory"])

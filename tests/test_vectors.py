@@ -9,9 +9,9 @@ import torch
 from andrea.config import ModelConfig
 from andrea.embed import neighbours
 from andrea.model import ANDREA
-from andrea.snapshots import Growth
-from andrea.timeline import Timeline, neighbours_at
-from andrea.tokenizer import HarrisTokenizer
+from andrea.snapshots.store import Growth
+from andrea.snapshots.timeline import Timeline, neighbours_at
+from andrea.tokenizer.harris import HarrisTokenizer
 from andrea.vectors import cosine, cosine_matrix, nearest, scores, unit_rows, vector_stats, whole_word_mask
 
 

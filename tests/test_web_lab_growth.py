@@ -1,5 +1,5 @@
 """The lab's Growth view on a real run's embedding snapshots: each endpoint returns what
-`andrea.timeline` computes, the sparse-update panel tells seen rows from unseen ones as training
+`andrea.snapshots.timeline` computes, the sparse-update panel tells seen rows from unseen ones as training
 really left them, a lab without snapshots says how to get them, and bad requests get one sentence."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from starlette.testclient import TestClient
 
 from andrea import embed
 from andrea.shards import TokenData
-from andrea.snapshots import snapshot_steps
-from andrea.timeline import WHY_UNSEEN, Timeline, aligned_map, neighbours_at, pair_series, rho_series, row_updates
+from andrea.snapshots.store import snapshot_steps
+from andrea.snapshots.timeline import WHY_UNSEEN, Timeline, aligned_map, neighbours_at, pair_series, rho_series, row_updates
 from andrea.web import lab_growth as web_growth
 from andrea.web.lab import create_app
 from andrea.wordsim import LESSON_PAIRS, load_wordsets

@@ -1,7 +1,7 @@
 """Word ends (tokenizer format 2, trainer version 5): a whole word's token is that word alone. The
 rule on hand-built segment lists, the compiled path against the Python one, files, training with
 reserved words, the peers that encode by the same rule (the standalone engine, the Hugging Face
-folder's README), and purity and coverage (andrea.tokenizer_words) counted by hand."""
+folder's README), and purity and coverage (andrea.tokenizer.words) counted by hand."""
 
 import json
 import re
@@ -13,13 +13,13 @@ from helpers import N_SMALL, morphology_text
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import andrea.tokenizer as harris
+import andrea.tokenizer.harris as harris
 from andrea.cli import main
 from andrea.errors import AndreaError
 from andrea.stdlib_engine import Tokenizer as EngineTokenizer
-from andrea.tokenizer import WORD_RE, HarrisTokenizer
-from andrea.tokenizer_train import count_words, train_tokenizer
-from andrea.tokenizer_words import data_word_counts, word_tokens
+from andrea.tokenizer.harris import WORD_RE, HarrisTokenizer
+from andrea.tokenizer.train import count_words, train_tokenizer
+from andrea.tokenizer.words import data_word_counts, word_tokens
 from andrea.vectors import whole_word_mask
 
 SEGMENTS = [" cat", " cat</w>", "s</w>", "egory</w>", " the</w>", " do", "og</w>", "'s", "ing", "ing</w>", " sing</w>"]

@@ -225,7 +225,7 @@ def test_a_runs_train_json_that_is_not_a_record_ends_embed_similarity_in_one_sen
 def test_pairs_of_words_that_stand_alone_are_scored_apart_when_usage_is_known():
     """With the training data's usage (andrea.usage), pair_scores adds the pairs whose two words are
     single tokens standing alone; without it, that group is absent."""
-    from andrea.tokenizer import HarrisTokenizer
+    from andrea.tokenizer.harris import HarrisTokenizer
     from andrea.wordsim import pair_scores, word_index
 
     words = ["cat", "dog", "pet", "red", "blue"]
@@ -308,7 +308,7 @@ def test_ppmi_from_shards_of_another_tokenizer_is_refused(data_dir, tmp_path, ca
     ValueError traceback when their V was larger, a PPMI of another tokenization when smaller)."""
     from andrea.cli import main
     from andrea.prepare import prepare
-    from andrea.tokenizer import HarrisTokenizer
+    from andrea.tokenizer.harris import HarrisTokenizer
 
     root = tmp_path / "cache" / "wordsets"
     root.mkdir(parents=True)

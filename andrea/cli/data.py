@@ -6,7 +6,7 @@ from andrea.cli.common import print_json
 
 
 def cmd_data_fetch(args) -> int:
-    from andrea.corpus import (
+    from andrea.corpus.registry import (
         DEFAULT_SOURCES,
         EVERYDAY_SOURCES,
         EXTENDED_SOURCES,
@@ -50,7 +50,8 @@ def cmd_data_fetch(args) -> int:
 
 
 def cmd_data_list(args) -> int:
-    from andrea.corpus import (
+    from andrea.corpus.fetched import fetched_problem
+    from andrea.corpus.registry import (
         DEFAULT_SOURCES,
         EVERYDAY_SOURCES,
         EXTENDED_SOURCES,
@@ -59,7 +60,6 @@ def cmd_data_list(args) -> int:
         corpus_dir,
         source_meta,
     )
-    from andrea.fetched import fetched_problem
 
     rows = []
     tables = (("default", DEFAULT_SOURCES), ("literary", LITERARY_SOURCES), ("everyday", EVERYDAY_SOURCES),

@@ -95,7 +95,7 @@ def print_report(r: dict) -> None:
 
 def cmd_timeline(args) -> int:
     from andrea.errors import AndreaError
-    from andrea.timeline import Timeline, pair_series, rho_series
+    from andrea.snapshots.timeline import Timeline, pair_series, rho_series
     from andrea.wordsim import try_load_wordsets
 
     if len(args.words) < 2:

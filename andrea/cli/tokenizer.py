@@ -10,7 +10,7 @@ from andrea.cli.common import MAX_TEXT_BYTES, read_stdin
 from andrea.errors import AndreaError
 
 PROGRESS_BYTES = 1_000_000  # show progress bars from this much training text on
-DEFAULT_SAMPLE_BYTES = 200_000_000  # andrea.tokenizer_sample.DEFAULT_SAMPLE_BYTES
+DEFAULT_SAMPLE_BYTES = 200_000_000  # andrea.tokenizer.sample.DEFAULT_SAMPLE_BYTES
 
 
 def _byte_count(text: str) -> int:
@@ -24,8 +24,8 @@ def _byte_count(text: str) -> int:
 
 
 def cmd_tokenizer_train(args) -> int:
-    from andrea.tokenizer_sample import load_training_texts
-    from andrea.tokenizer_train import train_tokenizer
+    from andrea.tokenizer.sample import load_training_texts
+    from andrea.tokenizer.train import train_tokenizer
 
     start = time.time()
     files, shares = list(args.files), None
@@ -79,7 +79,7 @@ def _read_stdin() -> str:
 
 
 def _load(args):
-    from andrea.tokenizer import HarrisTokenizer
+    from andrea.tokenizer.harris import HarrisTokenizer
 
     return HarrisTokenizer.load(args.tokenizer)
 
@@ -114,7 +114,7 @@ def cmd_tokenizer_decode(args) -> int:
 
 
 def cmd_tokenizer_inspect(args) -> int:
-    from andrea.tokenizer_train import successor_variety
+    from andrea.tokenizer.train import successor_variety
 
     tok = _load(args)
     stats = successor_variety(tok)
@@ -150,9 +150,9 @@ def cmd_tokenizer_inspect(args) -> int:
 def cmd_tokenizer_words(args) -> int:
     import json
 
-    from andrea.tokenizer_sample import load_training_texts
-    from andrea.tokenizer_train import count_words
-    from andrea.tokenizer_words import PURE, word_tokens
+    from andrea.tokenizer.sample import load_training_texts
+    from andrea.tokenizer.train import count_words
+    from andrea.tokenizer.words import PURE, word_tokens
 
     tok = _load(args)
     texts, _ = load_training_texts(args.text, sample_bytes=args.sample_bytes)
@@ -183,7 +183,7 @@ def _add_tokenizer_arg(p) -> None:
 
 
 def register(sub) -> None:
-    from andrea.tokenizer_train import TRAINER_VERSION, TRAINER_VERSIONS
+    from andrea.tokenizer.train import TRAINER_VERSION, TRAINER_VERSIONS
 
     p = sub.add_parser("tokenizer", help="the Harris tokenizer: train, encode, decode, inspect, words")
     tsub = p.add_subparsers(dest="tokenizer_command", metavar="ACTION", required=True)
@@ -242,7 +242,7 @@ def register(sub) -> None:
                         description="Over the words of the given text: for each WORD, its token after a space, the "
                                     "share of that token's uses in which it is the whole word (purity) and the share "
                                     "of the word's occurrences encoded as one token (coverage); then how many of the "
-                                    "tokens that stand for a word are pure (andrea.tokenizer_words).")
+                                    "tokens that stand for a word are pure (andrea.tokenizer.words).")
     _add_tokenizer_arg(w)
     w.add_argument("--text", nargs="+", required=True, metavar="FILE",
                    help="the text to count on: files, folders or fetched sources by name, as `train` takes them")

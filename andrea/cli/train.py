@@ -9,7 +9,7 @@ MIN_SHARD_TOKENS = 1_000  # andrea.prepare.MIN_SHARD_TOKENS
 def cmd_prepare(args) -> int:
     from andrea.errors import AndreaError
     from andrea.prepare import prepare
-    from andrea.tokenizer import HarrisTokenizer
+    from andrea.tokenizer.harris import HarrisTokenizer
 
     tokenizer = HarrisTokenizer.load(args.tokenizer)
     if args.workers is not None and args.workers < 1:

@@ -48,7 +48,7 @@ from andrea.model import ANDREA
 from andrea.optim import make_optimizer
 from andrea.plots import pyplot, save_figure
 from andrea.shards import TokenData
-from andrea.tokenizer_train import train_tokenizer
+from andrea.tokenizer.train import train_tokenizer
 from andrea.validate import check_seed
 
 OPTIMIZERS = ("sgd", "adam", "adamw", "v3")

@@ -55,7 +55,7 @@ from andrea.formats.common import (
     resume_meta,
 )
 from andrea.model import ANDREA
-from andrea.tokenizer import HarrisTokenizer
+from andrea.tokenizer.harris import HarrisTokenizer
 
 HEADER = struct.Struct("<ii")
 F32 = np.dtype("<f4")

@@ -13,7 +13,7 @@ from andrea.files import read_json
 from andrea.model import meta_model, param_shapes
 from andrea.optim import check_recipe, make_optimizer, param_groups
 from andrea.optim_state import optimizer_order
-from andrea.tokenizer import HarrisTokenizer
+from andrea.tokenizer.harris import HarrisTokenizer
 
 RELEASE_CONFIG = "config.json"  # the config file of a release folder this package writes
 SEGMENTS_FILE = "harris_segments.json"

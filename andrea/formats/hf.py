@@ -34,7 +34,7 @@ from andrea.config import BOS, ModelConfig
 from andrea.errors import AndreaError
 from andrea.files import atomic_output, atomic_write_bytes, read_json
 from andrea.formats.common import SEGMENTS_FILE, check_weights, checked_tokenizer, read_segments
-from andrea.tokenizer import is_word_end
+from andrea.tokenizer.harris import is_word_end
 
 ACT_TO_HF = {"relu": "relu", "gelu": "gelu", "relu2": "relu2"}
 HF_TO_ACT = {v: k for k, v in ACT_TO_HF.items()}

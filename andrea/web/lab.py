@@ -41,8 +41,8 @@ from andrea.errors import AndreaError, longer_than_context
 from andrea.lesson import inputs_for
 from andrea.lesson import lesson as lesson_steps
 from andrea.lesson import to_json as lesson_json
-from andrea.tokenizer import LETTER_WORD
-from andrea.tokenizer_words import data_word_counts, word_tokens
+from andrea.tokenizer.harris import LETTER_WORD
+from andrea.tokenizer.words import data_word_counts, word_tokens
 from andrea.usage import run_data, run_usage
 from andrea.vectors import METRICS, whole_word_mask
 from andrea.web import lab_growth
@@ -103,7 +103,7 @@ class LabViews:
         return self._usage
 
     def words(self):
-        """Purity and coverage over the run's training text (andrea.tokenizer_words), counted once where
+        """Purity and coverage over the run's training text (andrea.tokenizer.words), counted once where
         its usage is known (the same data, prepared with this tokenizer): (figures or None, why not)."""
         if not hasattr(self, "_words"):
             usage, why = self.usage()

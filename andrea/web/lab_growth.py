@@ -1,7 +1,7 @@
 """The lab's Growth view: the embedding tables of a run while they learned, from its snapshots.
 
 When the lab is started on a run folder (or a checkpoint inside one) whose `embeddings/` holds
-snapshots (`andrea.snapshots`), these endpoints serve what `andrea.timeline` computes from them:
+snapshots (`andrea.snapshots.store`), these endpoints serve what `andrea.snapshots.timeline` computes from them:
 
     GET  /api/growth              the snapshots' steps, V, d, the recipe, the ±1/√d band, the presets
     POST /api/growth/neighbours   {"word", "step", "k", "table", "whole_words"}  neighbours at a step
@@ -22,8 +22,8 @@ import threading
 from pathlib import Path
 
 from andrea.errors import AndreaError
-from andrea.snapshots import FOLDER, TABLES, snapshot_steps
-from andrea.timeline import Timeline, aligned_map, neighbours_at, pair_series, rho_series, row_updates
+from andrea.snapshots.store import FOLDER, TABLES, snapshot_steps
+from andrea.snapshots.timeline import Timeline, aligned_map, neighbours_at, pair_series, rho_series, row_updates
 from andrea.web.common import MAX_K, MAX_WORD_CHARS, finite
 from andrea.web.http import Fields, RequestError
 from andrea.wordsim import LESSON_PAIRS, LESSON_RELATED, LESSON_WORDS, try_load_wordsets

@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Callable
 
 from andrea.cache import corpus_dir
-from andrea.corpus_readers import (
+from andrea.corpus.fetched import check_fetched, fetched_problem
+from andrea.corpus.readers import (
     read_austen,
     read_big_txt,
     read_brown,
@@ -42,7 +43,6 @@ from andrea.corpus_readers import (
     read_sqlite_source,
 )
 from andrea.errors import AndreaError
-from andrea.fetched import check_fetched, fetched_problem
 from andrea.files import read_json
 
 VAL_EVERY = 20  # document i is held out for validation when i % VAL_EVERY == VAL_EVERY // 2

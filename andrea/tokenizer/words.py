@@ -7,7 +7,7 @@ hundreds of times, is a piece, not a word). Its row in a model learns what the t
 - purity of a word token: the share of its uses in which it is the whole word (" cat" in "my cat
   sat"), not the first piece of a longer one (" cat" + "s", " cat" + "egory");
 - coverage of a word: the share of its occurrences, after a space or not (" cat", "cat"), encoded
-  as one token; punctuation after a word is a word of its own (andrea.tokenizer, step 1), so "cat,"
+  as one token; punctuation after a word is a word of its own (andrea.tokenizer.harris, step 1), so "cat,"
   counts as cat.
 
 Both are exact over a text's words: segments never span two words, so each word type is encoded
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from andrea.config import BOS
-from andrea.tokenizer import LETTER_WORD
+from andrea.tokenizer.harris import LETTER_WORD
 
 PURE = 0.9  # a word token is pure, and a word covered, at this share or more
 MIN_USES = 20  # below this a token's share is too noisy to count in the summary
@@ -85,7 +85,7 @@ class WordTokens:
 
 
 def word_tokens(tokenizer, word_counts) -> WordTokens:
-    """Purity counts of every token over a text's word counts (andrea.tokenizer_train.count_words)."""
+    """Purity counts of every token over a text's word counts (andrea.tokenizer.train.count_words)."""
     uses, whole = Counter(), Counter()
     for w, k in word_counts.items():
         ids = tokenizer.encode(w, bos=False)
@@ -100,7 +100,7 @@ def data_word_counts(data, tokenizer, chunk_tokens: int = 4_000_000) -> Counter:
     """The word counts of a prepared data folder's training text (`andrea.shards.TokenData`), its
     documents decoded from the shards: each is cut at its BOS and decoded whole, so no word is split
     where a chunk or a shard ends. Decoding is exact, so these are the counts of the text itself."""
-    from andrea.tokenizer_train import count_words
+    from andrea.tokenizer.train import count_words
 
     counts = Counter()
     for source in data.sources.values():

@@ -1,4 +1,4 @@
-"""A training run's observers of its embedding tables: the snapshots (andrea.snapshots) and the
+"""A training run's observers of its embedding tables: the snapshots (andrea.snapshots.store) and the
 word-similarity scores written to metrics.jsonl at every evaluation (andrea.wordsim).
 
 Observers never stop the run: a snapshot that cannot be written ends the snapshots with a note.
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from andrea import snapshots
 from andrea.metrics import append_row
-from andrea.snapshots import Growth, choose_rows
+from andrea.snapshots import store as snapshots
+from andrea.snapshots.store import Growth, choose_rows
 from andrea.trainconfig import TrainConfig
 from andrea.wordsim import brief, model_tables, similarity, try_load_wordsets, word_index
 

@@ -11,12 +11,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from andrea.corpus.sources import SourceSpec, _parquet_file, documents, read_documents, resolve, tasks
 from andrea.errors import AndreaError
-from andrea.sources import SourceSpec, _parquet_file, documents, read_documents, resolve, tasks
 
 
 def load_documents(spec: str | Path, split: str = "train", text_field: str = "text") -> list[str]:
-    """Every document of one split of a source (any format of `andrea.sources`), in memory: for
+    """Every document of one split of a source (any format of `andrea.corpus.sources`), in memory: for
     small sources and inspection. A fetched source gives its own split; any other source the
     documents its stable hash puts there (a document read in pieces comes back whole)."""
     docs: list[str] = []
@@ -128,7 +128,7 @@ def sample_source(spec, budget: int | None, text_field: str = "text") -> Sample:
 
 
 def load_training_texts(specs, shares=None, sample_bytes: int | None = None, text_field: str = "text", log=None):
-    """Training documents of every FILE (a file or folder in any format of `andrea.sources`, or a
+    """Training documents of every FILE (a file or folder in any format of `andrea.corpus.sources`, or a
     fetched source's name), and a weight per document, or None when every document counts once.
 
     With sample_bytes, each source gives an even sample of at most its equal part of sample_bytes

@@ -1,6 +1,6 @@
 """Training the Harris tokenizer: successor variety, candidate segments and pruning.
 
-The encoding rule and the file format are andrea.tokenizer's; this module finds the segments
+The encoding rule and the file format are andrea.tokenizer.harris's; this module finds the segments
 that rule encodes with, and returns them as a HarrisTokenizer.
 
 Training, in full (train_tokenizer):
@@ -29,7 +29,7 @@ Training, in full (train_tokenizer):
        be spelled with: a one-character segment of 2-4 bytes ("—", "’") costs its bytes, one
        token each (tokenizer version 4; version 3 counted it as one token, so such segments
        went first, and `train_tokenizer(..., version=3)` still selects so).
-    Version 5 marks word ends (andrea.tokenizer, "Word ends"): in step 4 a letter word's last piece,
+    Version 5 marks word ends (andrea.tokenizer.harris, "Word ends"): in step 4 a letter word's last piece,
     the whole word included, is the candidate " cat</w>" (its text ending a word), while the pieces
     before it stay plain, so " cat</w>" (the word) and " cat" (cats, category) are two candidates
     that save tokens apart. A segment's bytes exclude the mark. `reserve` names words whose word
@@ -54,7 +54,7 @@ from contextlib import contextmanager
 
 from andrea import forkpool
 from andrea.errors import AndreaError
-from andrea.tokenizer import (
+from andrea.tokenizer.harris import (
     COMPILED,
     LETTER_WORD,
     MARK,

@@ -20,7 +20,7 @@ Encoding rule, in full:
        three 'surrogatepass' bytes, so every Python string round-trips).
     Segments never span two words, and the ids depend only on the text and the segment list.
 
-Word ends (format version 2, trained by andrea.tokenizer_train version 5). A segment written with
+Word ends (format version 2, trained by andrea.tokenizer.train version 5). A segment written with
 the mark `</w>` after its text (" cat</w>") is a word end. In a tokenizer that has word ends, a
 letter word (an optional space, then letters) is read as if followed by the mark: a word end
 matches only where its text is the rest of such a word, and a plain segment never ends one (its
@@ -32,7 +32,7 @@ without a marked segment encode exactly as before.
 Decoding joins the tokens' bytes and reads them as UTF-8 with 'surrogatepass'. A byte sequence
 that encode never produces (a model can emit one) decodes each invalid stretch to U+FFFD.
 
-The segments are found by andrea.tokenizer_train (successor variety, then pruning); this module
+The segments are found by andrea.tokenizer.train (successor variety, then pruning); this module
 holds the rule that encodes with them and the files that keep them.
 """
 
@@ -54,13 +54,13 @@ from andrea.config import BOS
 from andrea.errors import AndreaError
 from andrea.files import atomic_write_bytes, read_json
 
-# The word split, the longest-match rule and the word lookup, compiled (andrea/_harris.c, which
+# The word split, the longest-match rule and the word lookup, compiled (andrea/tokenizer/_harris.c, which
 # setup builds where there is a C compiler). Without it (or with ANDREA_NO_COMPILED=1 set), the
 # same steps run in Python: the same ids and segments, encoding about 3x slower.
 try:
     if os.environ.get("ANDREA_NO_COMPILED", "") not in ("", "0"):
         raise ImportError
-    from andrea import _harris as _compiled
+    from andrea.tokenizer import _harris as _compiled
 except ImportError:
     _compiled = None
 COMPILED = _compiled is not None
@@ -186,7 +186,7 @@ def rule_key(segment: str) -> str:
 
 class Matcher:
     """The longest-match rule over a list of segments, with ids first + index, that segments can
-    leave and rejoin (andrea.tokenizer_train.prune_segments): on the compiled trie where andrea._harris was built (`trie`),
+    leave and rejoin (andrea.tokenizer.train.prune_segments): on the compiled trie where andrea.tokenizer._harris was built (`trie`),
     else on a dict of every prefix of every segment (`trie` is None). encode(word, end=True) -> its
     ids; with end false, the word is read as a piece that does not end its word (no word end matches)."""
 

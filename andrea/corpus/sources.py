@@ -25,7 +25,7 @@ a line end, or, failing both, at a character boundary; only the first piece star
 every piece goes to the split of the first.
 
 Documents of JSONL. A line is one document, parsed whole up to CHUNK_BYTES; a longer line is read
-from the stream (andrea.jsonline) and its text comes in pieces cut as above, so memory holds a few
+from the stream (andrea.corpus.jsonline) and its text comes in pieces cut as above, so memory holds a few
 megabytes of it however long it is, and the pieces encode to the tokens of the whole.
 
 The validation split. Every document of a source is in validation when the first 8 bytes of the
@@ -49,11 +49,11 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from andrea.corpus import resolve_source
+from andrea.corpus.fetched import SPLIT_FILES, check_fetched, is_fetched_folder
+from andrea.corpus.jsonline import LongLine
+from andrea.corpus.registry import resolve_source
 from andrea.errors import AndreaError
-from andrea.fetched import SPLIT_FILES, check_fetched, is_fetched_folder
 from andrea.files import check_regular, parse_json
-from andrea.jsonline import LongLine
 
 VAL_SHARE = 0.05  # the share of documents held out for validation (a fetched source keeps its own)
 DOC_BYTES = 20_000  # a plain-text document ends at the first blank line this far into it
@@ -440,7 +440,7 @@ def _jsonl_tasks(f: InputFile, field: str, val_share: float):
 
 
 def _long_line_tasks(reader, f: InputFile, field: str, val_share: float, disk: int):
-    """Tasks of pieces of the text of one long JSONL line (andrea.jsonline), cut as the pieces of
+    """Tasks of pieces of the text of one long JSONL line (andrea.corpus.jsonline), cut as the pieces of
     a long plain-text document are (so they encode to exactly the tokens of the whole, and the
     split is decided on the same first piece). A text of white space alone is dropped as a short
     line's is, unless it runs past PIECE_BYTES before its first other character."""

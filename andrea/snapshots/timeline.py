@@ -1,4 +1,4 @@
-"""The embedding tables over a run: what the snapshots of `andrea.snapshots` show, as plain data.
+"""The embedding tables over a run: what the snapshots of `andrea.snapshots.store` show, as plain data.
 
 Every function takes a `Timeline` (a run folder's snapshots and its tokenizer) and returns numbers
 and lists; `andrea embed timeline` prints them and the lab's Growth view draws them.
@@ -19,7 +19,7 @@ mean of their rows, and results say so. A snapshot of a large table keeps only s
 whose tokens were not kept is reported as such.
 
 A snapshot that is not the run's own is left out, and `Timeline.notes` says which and why: one
-that cannot be read or fails `andrea.snapshots.read_snapshot`'s checks, one of another V than the
+that cannot be read or fails `andrea.snapshots.store.read_snapshot`'s checks, one of another V than the
 run's tokenizer, of another table or row set than most of the run's, or one the next snapshot did
 not move from (a snapshot of another run put in its place, which would otherwise be judged as
 this run's start). The lesson and `andrea embed timeline` print the notes.
@@ -36,7 +36,7 @@ import numpy as np
 
 from andrea.checkpoint import load_model
 from andrea.errors import AndreaError
-from andrea.snapshots import FOLDER, TABLES, continues, read_snapshot, snapshot_path, snapshot_steps
+from andrea.snapshots.store import FOLDER, TABLES, continues, read_snapshot, snapshot_path, snapshot_steps
 from andrea.vectors import cosine, nearest, unit_rows
 from andrea.wordsim import PAIR_SETS, WordIndex, spearman, word_index
 
@@ -90,7 +90,7 @@ class Timeline:
         """Leave out, each with a note, the snapshots that are not this run's: unreadable ones, those
         of another V than the tokenizer's, those of another table or row set than most of the run's
         (the newest of them breaking ties), and those the next snapshot did not move from
-        (`andrea.snapshots.continues`: a snapshot of another run put in its place). The first kept."""
+        (`andrea.snapshots.store.continues`: a snapshot of another run put in its place). The first kept."""
         read, kinds = {}, {}
         for step in self.steps:
             try:

@@ -15,7 +15,7 @@
    character a letter, its first not an apostrophe) when the trie holds a word end. encode(text, cache, out, trie, limit) appends to the list `out` the ids
    of every word of text, read from `cache`, a dict of word -> tuple of ids, where a word it has
    not seen is encoded and added (the cache is emptied first when it holds `limit` words).
-   andrea/tokenizer.py holds the same steps in Python, which is what runs where this module was
+   andrea/tokenizer/harris.py holds the same steps in Python, which is what runs where this module was
    not built, and what the tests hold this module to. */
 
 #define PY_SSIZE_T_CLEAN
@@ -99,7 +99,7 @@ typedef struct {
     int marks;      /* whether a segment is a word end: a letter, then the character 0 */
 } Trie;
 
-static const char *TRIE_NAME = "andrea._harris.trie";
+static const char *TRIE_NAME = "andrea.tokenizer._harris.trie";
 
 static inline size_t slot_of(const Trie *t, int64_t key)
 {
@@ -386,7 +386,7 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "andrea._harris",
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "andrea.tokenizer._harris",
                                     "The Harris tokenizer's word splitting and lookup, compiled.", -1, methods};
 
 PyMODINIT_FUNC PyInit__harris(void)

