@@ -539,3 +539,14 @@ def prep_tokenizer():
 def split_tokens(data: Path, name: str, split: str) -> np.ndarray:
     """One split of one source of a data folder, all its shards read as one array."""
     return np.asarray(getattr(TokenData(data).sources[name], split)[:])
+
+
+def python_only(segments):
+    """A Harris tokenizer that encodes with the Python steps, as where andrea.tokenizer._harris was not built."""
+    import andrea.tokenizer.harris as harris
+
+    saved, harris._compiled = harris._compiled, None
+    try:
+        return harris.HarrisTokenizer(segments)
+    finally:
+        harris._compiled = saved

@@ -16,7 +16,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import N_SMALL, SMALL_WORDS, cli, dash_docs, morphology_text, need_time, peak_rss, process_sentence, short_documents
+from helpers import (
+    N_SMALL,
+    SMALL_WORDS,
+    cli,
+    dash_docs,
+    morphology_text,
+    need_time,
+    peak_rss,
+    process_sentence,
+    python_only,
+    short_documents,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -245,15 +256,6 @@ def test_encode_batch_equals_encode(tok, text, monkeypatch):
 # ---------------------------------------------------------------- the compiled module
 
 needs_compiled = pytest.mark.skipif(harris._compiled is None, reason="andrea.tokenizer._harris was not built (no C compiler)")
-
-
-def python_only(segments) -> HarrisTokenizer:
-    """A tokenizer that encodes with the Python steps, as where andrea.tokenizer._harris was not built."""
-    saved, harris._compiled = harris._compiled, None
-    try:
-        return HarrisTokenizer(segments)
-    finally:
-        harris._compiled = saved
 
 
 def test_the_compiled_module_is_built_where_there_is_a_c_compiler():

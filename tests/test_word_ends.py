@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 import pytest
-from helpers import N_SMALL, morphology_text
+from helpers import N_SMALL, morphology_text, python_only
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -23,14 +23,6 @@ from andrea.tokenizer.words import data_word_counts, word_tokens
 from andrea.vectors import whole_word_mask
 
 SEGMENTS = [" cat", " cat</w>", "s</w>", "egory</w>", " the</w>", " do", "og</w>", "'s", "ing", "ing</w>", " sing</w>"]
-
-
-def python_only(segments) -> HarrisTokenizer:
-    saved, harris._compiled = harris._compiled, None
-    try:
-        return HarrisTokenizer(segments)
-    finally:
-        harris._compiled = saved
 
 
 TOKENIZERS = [HarrisTokenizer, python_only]
