@@ -316,25 +316,28 @@ def _vector(matrix: np.ndarray, index: WordIndex, word: str) -> np.ndarray:
 
 
 
-def pair_scores(matrix: np.ndarray, index: WordIndex, pairs) -> dict:
+def pair_scores(matrix: np.ndarray, index: WordIndex, pairs, points: bool = False) -> dict:
     """Spearman ρ of cosine against the ratings: for pairs of single tokens, for pairs with a
     mean-of-pieces word, and for all; where the index knows how tokens are used, also for pairs of
-    words whose tokens stand alone ("standalone"); each with n and the null spread 1/√(n − 1)."""
-    groups = {"single": ([], []), "pieces": ([], []), "all": ([], [])}
+    words whose tokens stand alone ("standalone"); each with n and the null spread 1/√(n − 1), and
+    with `points` the pairs themselves as [word, word, rating, cos]."""
+    groups = {"single": [], "pieces": [], "all": []}
     if index.standalone is not None:
-        groups["standalone"] = ([], [])
+        groups["standalone"] = []
     for a, b, rating in pairs:
         c = cosine(_vector(matrix, index, a), _vector(matrix, index, b))
         names = ["single" if index.single(a) and index.single(b) else "pieces", "all"]
         if index.stands_alone(a) and index.stands_alone(b):
             names.append("standalone")
         for g in names:
-            groups[g][0].append(c)
-            groups[g][1].append(rating)
+            groups[g].append([a, b, float(rating), float(c)])
     out = {}
-    for g, (cos, ratings) in groups.items():
-        n = len(cos)
-        out[g] = {"rho": spearman(cos, ratings), "n": n, "null": 1 / math.sqrt(n - 1) if n > 1 else float("nan")}
+    for g, rows in groups.items():
+        n = len(rows)
+        out[g] = {"rho": spearman([r[3] for r in rows], [r[2] for r in rows]), "n": n,
+                  "null": 1 / math.sqrt(n - 1) if n > 1 else float("nan")}
+        if points:
+            out[g]["points"] = rows
     return out
 
 

@@ -66,7 +66,7 @@ def chat_scores(checkpoint: str) -> dict:
 
 def lesson_verdicts(checkpoint: str) -> dict:
     """`andrea lesson`'s verdicts on the pairs and the scores steps (5 and 6) of the checkpoint."""
-    from andrea.lesson import load_inputs, step_pairs, step_scores
+    from andrea.lessons.embedding import load_inputs, step_pairs, step_scores
 
     inp = load_inputs(checkpoint)
     return {step.__name__.removeprefix("step_"): step(inp).verdict for step in (step_pairs, step_scores)}

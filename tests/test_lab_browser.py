@@ -150,6 +150,29 @@ def test_every_view_loads(browser, url):
     assert [r.find_elements("css selector", "th")[0].get_attribute("textContent") for r in rows] == ["embedding", "block 1", "block 2"]
 
 
+def test_the_lesson_tab_offers_both_walks_and_draws_their_figures(browser, url, subject):
+    from andrea.lessons import attention
+
+    shots.open_view(browser, url, "lesson")
+    assert shots.wait_view_loaded(browser, "lesson") == "ready"
+    assert by_css(browser, '#lesson-steps li[data-key="pairs"] .main-svg')  # the pairs against the random band
+    by_css(browser, "#lesson-walk-attention")[0].click()
+    assert shots.wait_for(browser, lambda d: by_css(d, '#lesson-steps[data-walk="attention"]')
+                          and shots.state(d, "lesson") == "ready", 60)
+    items = by_css(browser, "#lesson-steps li")
+    assert [li.get_attribute("data-key") for li in items] == [f.__name__.removeprefix("step_") for f in attention.STEPS]
+    assert len(by_css(browser, '#lesson-steps li[data-key="scores"] .heatmaplayer image, '
+                                '#lesson-steps li[data-key="scores"] .hm')) >= 1  # scores, masked, softmax
+    cfg = subject.model.config
+    assert len(by_css(browser, '#lesson-steps li[data-key="heads"] canvas')) == cfg.n_layer * cfg.n_head
+    verdict = by_css(browser, '#lesson-steps li[data-key="ablation"] .verdict')[0].text
+    assert verdict.startswith("cannot check")  # a bare model file: no held-out text, and no figure
+    assert not by_css(browser, '#lesson-steps li[data-key="ablation"] .main-svg')
+    by_css(browser, "#lesson-walk-embedding")[0].click()
+    assert shots.wait_for(browser, lambda d: by_css(d, '#lesson-steps[data-walk="embedding"]'), 30)
+    assert len(by_css(browser, "#lesson-steps li")) == 9
+
+
 @pytest.mark.allow_400
 def test_errors_are_shown_on_the_page(browser, url):
     shots.open_view(browser, url, "token")

@@ -1,4 +1,4 @@
-"""andrea.lesson and `andrea lesson`: every verdict on a case built to hold and on one built not to."""
+"""andrea.lessons.embedding and `andrea lesson`: every verdict on a case built to hold and on one built not to."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 
 from andrea.cli import main
 from andrea.config import ModelConfig
-from andrea.lesson import (
+from andrea.lessons.embedding import (
     CANNOT,
     CAVEAT,
     FAILS,
@@ -320,7 +320,7 @@ def test_the_json_report_writes_null_for_a_number_that_is_not_finite(capsys):
     """NaN and ±inf are no JSON: a step whose numbers hold them is printed with null in their place,
     which every JSON reader takes (json.loads with NaN refused)."""
     from andrea.cli.common import print_json
-    from andrea.lesson import Inputs, Step, to_json
+    from andrea.lessons.embedding import Inputs, Step, to_json
 
     tok = HarrisTokenizer([" cat", " dog"])
     model = ANDREA(ModelConfig(vocab_size=tok.vocab_size, n_embd=8, n_head=2, n_layer=1, block_size=8))

@@ -6,6 +6,8 @@ no request names a file and the page needs no internet access. Every view is fed
 endpoint under /api/ that calls the same `andrea.embed` functions the `andrea embed` commands print:
 
     GET  /api/info         the model, its config, the presets, the limits below
+    GET  /api/lesson       the embedding lesson's steps on this model (andrea.lessons.embedding)
+    GET  /api/lesson/attention   the attention lesson's steps (andrea.lessons.attention)
     POST /api/params       {"preset": null | NAME}                      where the parameters live
     POST /api/token        {"word", "bare", "whole_words", "metric", "k"} lookup, norms, neighbours,
                            and where the run's data is known the word's purity and coverage there
@@ -38,9 +40,10 @@ import numpy as np
 from andrea import embed
 from andrea.config import PRESETS
 from andrea.errors import AndreaError, longer_than_context
-from andrea.lesson import inputs_for
-from andrea.lesson import lesson as lesson_steps
-from andrea.lesson import to_json as lesson_json
+from andrea.lessons import attention as attention_lesson
+from andrea.lessons.embedding import inputs_for
+from andrea.lessons.embedding import lesson as lesson_steps
+from andrea.lessons.embedding import to_json as lesson_json
 from andrea.tokenizer.harris import LETTER_WORD
 from andrea.tokenizer.words import data_word_counts, word_tokens
 from andrea.usage import run_data, run_usage
@@ -114,12 +117,20 @@ class LabViews:
         return self._words
 
     def lesson(self, f: Fields) -> dict:
-        """The lesson's steps on this model (andrea.lesson), computed once; without the PPMI reference,
+        """The embedding lesson's steps on this model (andrea.lessons.embedding), computed once; without the PPMI reference,
         which `andrea lesson` adds."""
         if not hasattr(self, "_lesson"):
             inp = inputs_for(self.model, self.tok, self.subject.name, self.subject.checkpoint, ppmi=False, log=_log)
             self._lesson = finite(lesson_json(inp, lesson_steps(inp)))  # a ρ of too few pairs is NaN: null in JSON
         return self._lesson
+
+    def lesson_attention(self, f: Fields) -> dict:
+        """The attention lesson's steps on this model (andrea.lessons.attention), computed once."""
+        if not hasattr(self, "_lesson_attention"):
+            inp = attention_lesson.inputs_for(self.model, self.tok, self.subject.name, self.subject.checkpoint)
+            steps = attention_lesson.lesson(inp, log=_log)
+            self._lesson_attention = finite(attention_lesson.to_json(inp, steps))
+        return self._lesson_attention
 
     def token(self, f: Fields) -> dict:
         word = f.text("word", MAX_WORD_CHARS)
@@ -201,6 +212,7 @@ class LabViews:
 FIELDS = {
     "info": set(),
     "lesson": set(),
+    "lesson_attention": set(),
     "params": {"preset"},
     "token": {"word", "bare", "whole_words", "metric", "k"},
     "compare": {"a", "b", "bare"},
@@ -329,7 +341,8 @@ def _api_routes(views: LabViews, growth_views: GrowthViews) -> list:
         return Route(path, _endpoint(name, getattr(owner, name), fields[name], stream), methods=[method])
 
     routes = [route("/api/info", "info", "GET", views, FIELDS), route("/api/positions", "positions", "GET", views, FIELDS),
-              route("/api/lesson", "lesson", "GET", views, FIELDS)]
+              route("/api/lesson", "lesson", "GET", views, FIELDS),
+              route("/api/lesson/attention", "lesson_attention", "GET", views, FIELDS)]
     for name in ("params", "token", "compare", "map", "attention", "lens"):
         routes.append(route(f"/api/{name}", name, "POST", views, FIELDS))
     routes.append(route("/api/generate", "generate", "POST", views, FIELDS, stream=True))

@@ -79,17 +79,110 @@ function select(view) {
 
 const VERDICT_CLASS = { "holds": "holds", "holds with a caveat": "caveat", "does not hold here": "fails", "cannot check": "cannot" };
 
+let WALK = "embedding";
+const LESSONS = {};
+
 DRAW.lesson = () => run("lesson", async () => {
-  const r = await api("/api/lesson");
+  for (const b of document.querySelectorAll(".walks button")) b.classList.toggle("active", b.dataset.walk === WALK);
+  const r = LESSONS[WALK] || (LESSONS[WALK] = await api(WALK === "attention" ? "/api/lesson/attention" : "/api/lesson"));
   const list = $("lesson-steps");
   list.replaceChildren();
+  list.dataset.walk = WALK;
   for (const s of r.steps) {
-    list.append(el("li", { "data-key": s.key, "data-verdict": s.verdict },
+    const li = el("li", { "data-key": s.key, "data-verdict": s.verdict },
       el("div", { class: "claim", text: s.claim }),
-      el("div", { class: "how", text: s.how }),
-      el("div", { class: `verdict ${VERDICT_CLASS[s.verdict] || ""}`, text: s.verdict + (s.why ? `: ${s.why}` : "") })));
+      el("div", { class: "how", text: s.how }));
+    list.append(li);
+    const figure = (LESSON_FIGURES[WALK] || {})[s.key];
+    if (figure && s.verdict !== "cannot check") figure(li, s.numbers, r.config);
+    li.append(el("div", { class: `verdict ${VERDICT_CLASS[s.verdict] || ""}`, text: s.verdict + (s.why ? `: ${s.why}` : "") }));
   }
 });
+
+function lessonPlot(li, traces, layout, wide = false) {
+  const div = el("div", { class: wide ? "figure wide" : "figure" });
+  li.append(div);
+  Plotly.react(div, traces, { font: FONT, margin: { l: 56, r: 10, t: 30, b: 44 }, showlegend: traces.length > 1, ...layout }, PLOT_CONFIG);
+}
+
+const PLOT_TITLE = (text) => ({ text, font: { size: 12 }, x: 0.01, xanchor: "left" });
+
+// What each step draws: step key -> (li, numbers, config) adding a figure to the step's item.
+const LESSON_FIGURES = {
+  embedding: {
+    init: (li, n) => {
+      const h = n.histogram, width = h.edges[1] - h.edges[0];
+      const mids = h.counts.map((_, i) => (h.edges[i] + h.edges[i + 1]) / 2);
+      const sd = n.expected_std, normal = mids.map((x) => h.values * width * Math.exp(-0.5 * (x / sd) ** 2) / (sd * Math.sqrt(2 * Math.PI)));
+      lessonPlot(li, [{ type: "bar", x: mids, y: h.counts, name: `wte at step ${n.step}`, marker: { color: "#93c5fd" } },
+        { type: "scatter", mode: "lines", x: mids, y: normal, name: `N(0, 1/√d): sd ${sd.toFixed(4)}`, line: { color: "#b91c1c" } }],
+      { title: PLOT_TITLE("the table's values at its first snapshot against N(0, 1/√d)"), bargap: 0,
+        xaxis: { title: { text: "value" } }, yaxis: { title: { text: "values" } } });
+    },
+    pairs: (li, n) => {
+      const c = n.cos.input_centred, pairs = Object.keys(c);
+      lessonPlot(li, [{ type: "bar", x: pairs, y: pairs.map((p) => c[p]), marker: { color: pairs.map((p, i) => (i < 2 ? "#2563eb" : "#94a3b8")) },
+        text: pairs.map((p) => fmt(c[p], 3)), textposition: "outside", hovertemplate: "%{x}: cos %{y:.3f}<extra></extra>" }],
+      { title: PLOT_TITLE(`cos θ on the centred input table; grey band: random rows, ±1/√d = ±${n.band.toFixed(3)}`),
+        yaxis: { title: { text: "cos θ" }, zeroline: true },
+        shapes: [{ type: "rect", xref: "paper", x0: 0, x1: 1, y0: -n.band, y1: n.band, fillcolor: "#e5e7eb", opacity: 0.6, line: { width: 0 }, layer: "below" }] });
+    },
+    scores: (li, n) => {
+      const ws = n.sets.wordsim353.input, group = ws.standalone.points ? ws.standalone : ws.single;
+      if (!group.points || !group.points.length) return;
+      lessonPlot(li, [{ type: "scatter", mode: "markers", x: group.points.map((p) => p[2]), y: group.points.map((p) => p[3]),
+        text: group.points.map((p) => `${p[0]}·${p[1]}`), marker: { size: 6, color: "#2563eb", opacity: 0.7 },
+        hovertemplate: "%{text}<br>people %{x}<br>cos %{y:.3f}<extra></extra>" }],
+      { title: PLOT_TITLE(`WordSim-353: this model's cos θ against people's ratings, ${group.n} pairs, ρ ${fmt(group.rho, 2)}`),
+        xaxis: { title: { text: "people's rating" } }, yaxis: { title: { text: "cos θ, centred input table" } } });
+    },
+  },
+  attention: {
+    scores: (li, n) => {
+      const labels = n.tokens.map((p, t) => `${t}:${p}`), head = n.spread.indexOf(Math.max(...n.spread));
+      const panels = [["q·k/√d_head", n.scaled[head]], ["masked", n.masked[head]], ["softmax", n.pattern[head]]];
+      const traces = panels.map(([name, z], i) => ({ type: "heatmap", z, x: labels, y: labels, xaxis: `x${i + 1}`, yaxis: "y",
+        colorscale: i === 2 ? "Blues" : "RdBu", reversescale: i === 2, showscale: false, name,
+        hovertemplate: `${name}<br>query %{y}<br>key %{x}<br>%{z:.3f}<extra></extra>` }));
+      const axes = {};
+      panels.forEach(([name], i) => { axes[`xaxis${i + 1}`] = { domain: [i / 3 + 0.02, (i + 1) / 3 - 0.02], type: "category", showticklabels: false, title: { text: name } }; });
+      lessonPlot(li, traces, { title: PLOT_TITLE(`block 1, head ${head + 1}: the scores, then the mask (−∞ above the diagonal, blank), then the softmax`),
+        ...axes, yaxis: { autorange: "reversed", type: "category", tickfont: { size: 9 } } }, true);
+    },
+    scale: (li, n) => {
+      const dims = Object.keys(n.random), x = dims.map((d) => `random, d_head ${d}`).concat(["this model's block 1"]);
+      lessonPlot(li, [{ type: "bar", name: "before: q·k", x, y: dims.map((d) => n.random[d].before).concat([n.model_before]) },
+        { type: "bar", name: "after: q·k/√d_head", x, y: dims.map((d) => n.random[d].after).concat([n.model_after]) }],
+      { title: PLOT_TITLE("the spread of the scores before and after dividing by √d_head"), barmode: "group", yaxis: { title: { text: "standard deviation" } } });
+    },
+    heads: (li, n) => {
+      const L = n.scores.previous.length, H = n.scores.previous[0].length, x = [];
+      for (let l = 0; l < L; l++) for (let h = 0; h < H; h++) x.push(`b${l + 1}h${h + 1}`);
+      const traces = Object.entries(n.scores).map(([kind, s]) => ({ type: "bar", name: kind, x, y: s.flat() }));
+      lessonPlot(li, traces, { title: PLOT_TITLE(`each head's mean weight of each kind on a repeated random sequence; a kind is present above ${n.threshold}`),
+        barmode: "group", yaxis: { title: { text: "mean weight" }, range: [0, 1] },
+        shapes: [{ type: "line", xref: "paper", x0: 0, x1: 1, y0: n.threshold, y1: n.threshold, line: { dash: "dot", color: "#b91c1c" } }] }, true);
+      const box = el("div", { class: "patterns" });
+      n.example.patterns.forEach((layer, l) => layer.forEach((grid, h) => {
+        const canvas = el("canvas", { title: `block ${l + 1}, head ${h + 1} on BOS + r + r` });
+        drawSmall(canvas, grid);
+        box.append(el("figure", {}, canvas, el("figcaption", { text: `b${l + 1}h${h + 1}` })));
+      }));
+      li.append(box);
+    },
+    ablation: (li, n) => {
+      const x = [], y = [];
+      n.costs.forEach((row, l) => row.forEach((c, h) => { x.push(`b${l + 1}h${h + 1}`); y.push(c); }));
+      lessonPlot(li, [{ type: "bar", x, y, marker: { color: y.map((c) => (c >= n.min_cost ? "#2563eb" : "#94a3b8")) },
+        hovertemplate: "%{x}: %{y:+.4f} bits per byte<extra></extra>" }],
+      { title: PLOT_TITLE(`held-out bits per byte each head's removal costs (whole: ${fmt(n.base_bpb)})`), yaxis: { title: { text: "cost, bits per byte" } } });
+    },
+    later: (li, n) => {
+      lessonPlot(li, [{ type: "scatter", mode: "lines", x: n.by_position.map((_, t) => t), y: n.by_position, line: { color: "#2563eb" } }],
+        { title: PLOT_TITLE("held-out loss by position in the window"), xaxis: { title: { text: "position" } }, yaxis: { title: { text: "nats per token" } } });
+    },
+  },
+};
 
 // ---------------------------------------------------------------- 1. parameters
 
@@ -690,6 +783,9 @@ async function start() {
   onSubmit("lens-form", DRAW.lens);
   onSubmit("gen-form", generate);
   $("compare-lesson").addEventListener("click", lesson);
+  for (const b of document.querySelectorAll(".walks button")) {
+    b.addEventListener("click", () => { WALK = b.dataset.walk; DRAW.lesson(); });
+  }
   $("gen-stop").addEventListener("click", () => genAbort && genAbort.abort());
   $("params-preset").addEventListener("change", DRAW.params);
   startGrowth();

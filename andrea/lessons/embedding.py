@@ -1,13 +1,9 @@
-"""The lesson, claim by claim, on the learner's own model: how andrea checks it, the number, a verdict.
+"""The embedding lesson, claim by claim, on the learner's own model: how andrea checks it, the number, a verdict.
 
 andrea grew from one lesson about the embedding layer. `andrea lesson --checkpoint RUN` and the
 lab's Lesson view walk its claims in the lesson's order on a trained model. Each step gives the
-claim in one sentence, how it was checked on this model, the numbers, and a verdict:
-
-    holds                the numbers say what the claim says
-    holds with a caveat  they do, with something the learner should know (`why` says what)
-    does not hold here   they do not, and `why` says what this model or run does instead
-    cannot check         this input lacks what the step needs (`why` names it)
+claim in one sentence, how it was checked on this model, the numbers, and a verdict
+(andrea.lessons.report).
 
 The steps, in order:
 
@@ -37,7 +33,7 @@ gets the steps it can; the others say which input they lack.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +43,7 @@ from andrea.checkpoint import load_model
 from andrea.config import get_preset, param_rows
 from andrea.embed import forward_matrix, table
 from andrea.errors import AndreaError
+from andrea.lessons.report import CANNOT, CAVEAT, FAILS, HOLDS, Step, report_json, report_text
 from andrea.shards import TokenData
 from andrea.snapshots.store import snapshot_steps
 from andrea.snapshots.timeline import Timeline, row_updates
@@ -65,20 +62,9 @@ from andrea.wordsim import (
     word_index,
 )
 
-HOLDS, CAVEAT, FAILS, CANNOT = "holds", "holds with a caveat", "does not hold here", "cannot check"
-VERDICTS = (HOLDS, CAVEAT, FAILS, CANNOT)
 PROMPT = "the dog chased the cat"
+HISTOGRAM_BINS = 48  # the step-0 values drawn against N(0, 1/√d), over ±4/√d
 REFERENCE = "andrea-120m"
-
-
-@dataclass
-class Step:
-    key: str
-    claim: str
-    how: str
-    verdict: str
-    why: str = ""
-    numbers: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -137,7 +123,8 @@ def step_tables(inp: Inputs) -> Step:
     ref_wte, ref_wpe = ref["token embedding (wte)"], ref["position embedding (wpe)"]
     numbers = {"V": cfg.vocab_size, "d": cfg.n_embd, "T": cfg.block_size, "wte": wte, "wpe": wpe, "total": total,
                "embedding_share": (wte + wpe) / total, "reference": REFERENCE, "reference_wte": ref_wte,
-               "reference_wpe": ref_wpe, "reference_share": (ref_wte + ref_wpe) / ref["total"]}
+               "reference_wpe": ref_wpe, "reference_embedding": ref_wte + ref_wpe, "reference_total": ref["total"],
+               "reference_share": (ref_wte + ref_wpe) / ref["total"]}
     how = (f"this model: wte {cfg.vocab_size:,} × {cfg.n_embd} = {wte:,}, wpe "
            + (f"{cfg.block_size:,} × {cfg.n_embd} = {wpe:,}" if wpe else f"none ({cfg.pos})")
            + f", {(wte + wpe) / total:.1%} of {total:,}; {REFERENCE}: {ref_wte:,} + {ref_wpe:,} = {ref_wte + ref_wpe:,}, "
@@ -163,7 +150,9 @@ def step_init(inp: Inputs) -> Step:
     first = tl.steps[0]
     rows = tl.snapshot(first).tables["input"].double().numpy()
     std, mean = float(rows.std()), float(rows.mean())
-    numbers = {"step": first, "rows": len(rows), "std": std, "mean": mean, "expected_std": band, "ratio": std / band}
+    counts, edges = np.histogram(rows, bins=HISTOGRAM_BINS, range=(-4 * band, 4 * band))
+    numbers = {"step": first, "rows": len(rows), "std": std, "mean": mean, "expected_std": band, "ratio": std / band,
+               "histogram": {"edges": edges.tolist(), "counts": counts.tolist(), "values": int(rows.size)}}
     how = f"the standard deviation of the {len(rows):,} kept rows of wte at step {first}: {std:.5f} against 1/√{d} = {band:.5f}"
     close = abs(std / band - 1) < 0.05 and abs(mean) < 0.05 * band
     if not close:
@@ -259,7 +248,7 @@ def _scores(tables: dict, index: WordIndex, pairs) -> dict:
     several tokens (its pieces' mean row); each with n and the null spread (andrea.wordsim.pair_scores)."""
     out = {}
     for name, mat in tables.items():
-        r = pair_scores(mat, index, pairs)
+        r = pair_scores(mat, index, pairs, points=name == "input")  # the lab draws the input table's pairs
         out[name] = {"single": r["single"], "standalone": r.get("standalone", r["single"]), "pieces": r["pieces"]}
     return out
 
@@ -440,10 +429,7 @@ def lesson(inp: Inputs) -> list[Step]:
 
 
 def to_json(inp: Inputs, steps: list[Step]) -> dict:
-    cfg = inp.model.config
-    return {"model": inp.name, "config": {"V": cfg.vocab_size, "d": cfg.n_embd, "T": cfg.block_size,
-                                          "n_layer": cfg.n_layer, "pos": cfg.pos},
-            "steps": [asdict(s) for s in steps], "left_out": left_out(inp)}
+    return report_json("embedding", inp.name, inp.model, steps, left_out(inp))
 
 
 def left_out(inp: Inputs) -> list[str]:
@@ -453,10 +439,5 @@ def left_out(inp: Inputs) -> list[str]:
 
 def to_text(inp: Inputs, steps: list[Step]) -> str:
     cfg = inp.model.config
-    lines = [f"The lesson on {inp.name} (V {cfg.vocab_size:,}, d {cfg.n_embd}, {cfg.n_layer} layers)", ""]
-    for n, s in enumerate(steps, 1):
-        lines += [f"{n}. {s.claim}", f"   {s.how}", f"   {s.verdict}" + (f": {s.why}" if s.why else ""), ""]
-    lines += [f"Note: {note}." for note in left_out(inp)] + ([""] if left_out(inp) else [])
-    counts = {v: sum(s.verdict == v for s in steps) for v in VERDICTS}
-    lines.append(", ".join(f"{n} {v}" for v, n in counts.items() if n))
-    return "\n".join(lines)
+    return report_text(f"The lesson on {inp.name} (V {cfg.vocab_size:,}, d {cfg.n_embd}, {cfg.n_layer} layers)", steps,
+                       left_out(inp))
