@@ -87,6 +87,8 @@ def timeline_rows(run: Path, sets) -> tuple[list[str], list[list]]:
     head = ["step", "cos cat·dog", "cos cat·Tuesday"] + [f"ρ {k} (n {v['n']})" for k, v in rs["sets"].items()]
     rows = []
     for i, step in enumerate(tl.steps):
+        if 0 < step and step & (step - 1) == 0 and step.bit_length() % 2 == 0 and step != tl.steps[-1]:
+            continue  # 2, 8, 32, …: the log-spaced snapshots are shown at 1, 4, 16, 64, … (andrea embed timeline has all)
         rows.append([f"{step:,}", f"{ps['series']['cat·dog'][i]:+.3f}", f"{ps['series']['cat·Tuesday'][i]:+.3f}"]
                     + [f"{v['rho'][i]:+.3f}" for v in rs["sets"].values()])
     return head, rows
@@ -135,7 +137,7 @@ def main(argv=None) -> int:
     for line in verdict(report):
         print(f"- {line}")
     if (run / "embeddings").is_dir():
-        print("\n## The input table learning (centred), at the run's snapshots\n")
+        print("\n## The input table learning (centred), at the run's snapshots (steps 0, 1, 4, 16, 64, … and evaluations)\n")
         head, rows = timeline_rows(run, sets)
         print(md_table(head, rows, right=set(range(len(head)))))
         print(f"\n{cost(run)}")

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import audited_train_args, documents, read_meta, root_train_args, short_documents, text_train_args
+from helpers import SET_WORDS, audited_train_args, documents, read_meta, root_train_args, short_documents, text_train_args
 
 from andrea.cli import main
 from andrea.config import ModelConfig, count_params
@@ -252,3 +252,17 @@ def root_run(prepared_root) -> Path:
     out = prepared_root / "run"
     assert main([str(a) for a in root_train_args(prepared_root, out)]) == 0
     return out
+
+
+@pytest.fixture
+def wordsets(tmp_path, monkeypatch):
+    """Small sets in the published files' formats, of words of the synthetic text (helpers.WORDS), in a
+    cache of this test's own."""
+    root = tmp_path / "cache" / "wordsets"
+    root.mkdir(parents=True)
+    (root / "meta.json").write_text("{}")
+    (root / "simlex999.txt").write_text("# h\n" + "".join(f"{a}\t{b}\t{(i * 37) % 10}\n" for i, (a, b) in enumerate(
+        (a, b) for a in SET_WORDS for b in SET_WORDS if a < b)))
+    (root / "wordsim353.tsv").write_text("# h\ncat\tdog\t8\ncat\tmat\t2\nkings\tqueens\t9\nowner\tpet\t6\n")
+    (root / "questions-words.txt").write_text(": s\nkings queens cat dog\n")
+    monkeypatch.setenv("ANDREA_CACHE", str(tmp_path / "cache"))

@@ -31,6 +31,7 @@ from andrea.trainconfig import TrainConfig
 
 WORDS = ("the cat sat on a mat and the dog ran to its pet owner while kings and queens "
          "talked of unbelievable things rethinking old ideas quickly").split()
+SET_WORDS = ["cat", "dog", "pet", "mat", "kings", "queens", "owner", "ideas"]  # the `wordsets` fixture's pairs
 
 
 def synthetic_text(seed: int, n_docs: int, words_per_doc: int = 400) -> list[str]:

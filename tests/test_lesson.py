@@ -12,10 +12,6 @@ import torch
 from andrea.cli import main
 from andrea.config import ModelConfig
 from andrea.lessons.embedding import (
-    CANNOT,
-    CAVEAT,
-    FAILS,
-    HOLDS,
     Inputs,
     load_inputs,
     step_dot,
@@ -28,6 +24,7 @@ from andrea.lessons.embedding import (
     step_tables,
     step_untied,
 )
+from andrea.lessons.report import CANNOT, CAVEAT, FAILS, HOLDS
 from andrea.model import ANDREA
 from andrea.snapshots.store import Growth
 from andrea.snapshots.timeline import Timeline
@@ -35,7 +32,7 @@ from andrea.tokenizer.harris import HarrisTokenizer
 from andrea.train import train
 from andrea.trainconfig import TrainConfig
 from andrea.usage import count_usage, starts_word
-from andrea.wordsim import WordSets, lesson_margin
+from andrea.wordsim import LESSON_PAIRS, WordSets, lesson_margin
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -320,7 +317,8 @@ def test_the_json_report_writes_null_for_a_number_that_is_not_finite(capsys):
     """NaN and ±inf are no JSON: a step whose numbers hold them is printed with null in their place,
     which every JSON reader takes (json.loads with NaN refused)."""
     from andrea.cli.common import print_json
-    from andrea.lessons.embedding import Inputs, Step, to_json
+    from andrea.lessons.embedding import Inputs, to_json
+    from andrea.lessons.report import Step
 
     tok = HarrisTokenizer([" cat", " dog"])
     model = ANDREA(ModelConfig(vocab_size=tok.vocab_size, n_embd=8, n_head=2, n_layer=1, block_size=8))
@@ -334,3 +332,29 @@ def test_the_json_report_writes_null_for_a_number_that_is_not_finite(capsys):
     out = json.loads(capsys.readouterr().out, parse_constant=refuse)
     assert out["steps"][0]["numbers"] == {"unseen": {"mean_moved": None, "top": [None, 1.5]}, "ratio": None}
     assert out["left_out"] == []
+
+
+def test_where_the_text_is_known_the_pairs_are_scored_on_the_last_blocks_word_vectors_too(tmp_path):
+    """xylophone is several tokens: its pieces' mean row is no row the model learned, but the last
+    block's state at its last token has seen the whole word."""
+    import random
+
+    from andrea.prepare import prepare
+    from andrea.shards import TokenData
+    from andrea.tokenizer.train import train_tokenizer
+
+    rng = random.Random(0)
+    words = ["cat", "dog", "pet", "Tuesday", "xylophone", "the", "on", "a", "sat", "ran"]
+    docs = [" ".join(rng.choice(words) for _ in range(200)) for _ in range(30)]
+    (tmp_path / "a.txt").write_text("\n\n".join(docs))
+    tok = train_tokenizer([d.replace("xylophone", "dog") for d in docs[:10]], 8)  # xylophone stays in pieces
+    prepare(tok, [str(tmp_path / "a.txt")], tmp_path / "data", log=lambda *a: None, progress=False)
+    data = TokenData(tmp_path / "data")
+    torch.manual_seed(0)
+    m = ANDREA(ModelConfig(vocab_size=tok.vocab_size, n_embd=32, n_head=2, n_layer=2, block_size=32)).eval()
+    s = step_pairs(Inputs(m, tok, "m", data=data))
+    blocks = s.numbers["blocks"]
+    assert blocks["block"] == 2 and set(blocks["cos"]) == {f"{a}·{b}" for a, b in LESSON_PAIRS}
+    assert all(n >= 1 for n in blocks["uses"].values()) and "from block 2's hidden states" in s.how
+    assert len(tok.word_ids("xylophone")) > 1 and all(-1 <= v <= 1 for v in blocks["cos"].values())
+    assert "blocks" not in step_pairs(Inputs(m, tok, "m")).numbers  # no text, no block vectors

@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from helpers import opts, quiet, tiny_config
+from helpers import SET_WORDS, opts, quiet, tiny_config
 
 from andrea.checkpoint import load_checkpoint, save_checkpoint
 from andrea.cli import main
@@ -23,20 +23,6 @@ from andrea.train import train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-WORDS = ["cat", "dog", "pet", "mat", "kings", "queens", "owner", "ideas"]
-
-
-@pytest.fixture
-def wordsets(tmp_path, monkeypatch):
-    """Small sets in the published files' formats, in a cache of this test's own."""
-    root = tmp_path / "cache" / "wordsets"
-    root.mkdir(parents=True)
-    (root / "meta.json").write_text("{}")
-    (root / "simlex999.txt").write_text("# h\n" + "".join(f"{a}\t{b}\t{(i * 37) % 10}\n" for i, (a, b) in enumerate(
-        (a, b) for a in WORDS for b in WORDS if a < b)))
-    (root / "wordsim353.tsv").write_text("# h\ncat\tdog\t8\ncat\tmat\t2\nkings\tqueens\t9\nowner\tpet\t6\n")
-    (root / "questions-words.txt").write_text(": s\nkings queens cat dog\n")
-    monkeypatch.setenv("ANDREA_CACHE", str(tmp_path / "cache"))
 
 
 def snap(run, step):
@@ -122,7 +108,7 @@ def test_the_timeline_reads_the_run_back(data_dir, tmp_path, wordsets, capsys):
     assert rs["sets"]["simlex999"]["n"] == 28 and len(rs["sets"]["wordsim353"]["rho"]) == 5
     nb = neighbours_at(tl, 5, "cat", k=3, whole_words=False)
     assert nb["step"] == 4 and len(nb["neighbours"]) == 3
-    mp = aligned_map(tl, WORDS[:5])
+    mp = aligned_map(tl, SET_WORDS[:5])
     assert len(mp["frames"]) == 5 and np.array(mp["frames"]).shape == (5, 5, 2)
     upd = row_updates(tl, 4, 8)
     assert upd["start"] == 4 and upd["end"] == 8 and upd["groups"]["seen"]["tokens"] > 0

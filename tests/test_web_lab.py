@@ -350,7 +350,8 @@ def test_the_lab_on_any_loopback_address_answers_only_this_machines_names(lab_ch
 def test_the_lesson_view_walks_every_claim_on_the_loaded_model(client, subject):
     """/api/lesson: the nine steps of andrea.lessons.embedding in order, each with a verdict; a bare model file
     has no snapshots, so the two steps that need them say so."""
-    from andrea.lessons.embedding import STEPS, VERDICTS
+    from andrea.lessons.embedding import STEPS
+    from andrea.lessons.report import VERDICTS
 
     r = client.get("/api/lesson")
     assert r.status_code == 200

@@ -48,6 +48,8 @@ def cmd_similarity(args) -> int:
     usage, usage_note = run_usage(args.checkpoint, tok, log=lambda m: print(m, file=sys.stderr))
     if usage is not None:
         index.standalone = usage.standalone_words()
+    if args.layer is not None:
+        return _layers(args, model, tok, sets)
     tables = model_tables(model)
     if args.ppmi:
         data = _ppmi_data(args)
@@ -63,6 +65,50 @@ def cmd_similarity(args) -> int:
         print_json(report)
         return 0
     print_report(report)
+    return 0
+
+
+def _layers(args, model, tok, sets) -> int:
+    """--layer: word vectors from the blocks beside the tables, on the same pairs (andrea.context_vectors)."""
+    from andrea.context_vectors import CONTEXT, USES, block_vectors, layer_scores
+    from andrea.errors import AndreaError
+    from andrea.wordsim import model_tables, ppmi_vectors, train_token_chunks
+
+    L = model.config.n_layer
+    uses = USES if args.uses is None else args.uses
+    context = min(CONTEXT if args.context is None else args.context, model.config.block_size)
+    if uses < 1 or context < 2:
+        raise AndreaError(f"--uses must be at least 1 and --context at least 2; got {uses} and {context}.")
+    if args.layer != "all" and not (args.layer.isdigit() and 1 <= int(args.layer) <= L):
+        raise AndreaError(f"--layer takes a block from 1 to {L}, or all; got {args.layer!r}.")
+    if not args.checkpoint and not args.data:
+        raise AndreaError("--layer averages a word's hidden states over its uses in training text: give a run's "
+                          "--checkpoint, or --data DIR.")
+    data = _ppmi_data(args)
+    if data.vocab_size != model.config.vocab_size:
+        raise AndreaError(f"the shards in {data.dir} have V = {data.vocab_size:,}, the model {model.config.vocab_size:,}.")
+    log = None if args.json else (lambda m: print(m, file=sys.stderr))
+    words = {w for pairs in sets.pairs.values() for a, b, _ in pairs for w in (a, b)}
+    bv = block_vectors(model, tok, data, words, uses, context, log=log)
+    tables = model_tables(model)
+    if args.ppmi:
+        tables["ppmi"] = ppmi_vectors(train_token_chunks(data), model.config.vocab_size, model.config.n_embd)
+    r = layer_scores(bv, tok, sets, tables)
+    if args.layer != "all":
+        keep = f"block {args.layer}"
+        for part in r["sets"].values():
+            part["scores"] = {k: v for k, v in part["scores"].items() if k == keep or not k.startswith("block")}
+    if args.json:
+        print_json(r)
+        return 0
+    print(f"word vectors from the blocks: the hidden state after each block at a word's last token, the mean over up "
+          f"to {r['uses']} uses in the training text (windows of {r['context']} tokens), centred over the {r['words']:,} "
+          f"words with at least {r['min_uses']} uses; the tables: a word's token rows' mean, the table centred")
+    for name, part in r["sets"].items():
+        print(f"\n{name}: {part['pairs']} of {part['of']} pairs ({part['with_several_tokens']} with a word of several "
+              "tokens)")
+        for k, v in part["scores"].items():
+            print(f"  {TABLE_NAMES.get(k, k):<24} ρ {_rho(v)}")
     return 0
 
 
@@ -148,6 +194,13 @@ def register_embed(esub, common) -> None:
                                                        "to d dimensions) of the run's training tokens")
     s.add_argument("--data", metavar="DIR", help="the data folder for --ppmi (default: the one the run trained on)")
     s.add_argument("--no-analogies", action="store_true", help="skip the analogy questions")
+    s.add_argument("--layer", metavar="N|all", help="score word vectors from block N (or every block) instead: a "
+                   "word's hidden state at its last token, averaged over its uses in the run's training text, beside "
+                   "the input table, the head (and PPMI with --ppmi) on the same pairs; words of several tokens included")
+    s.add_argument("--uses", type=int, metavar="N", help="--layer: uses averaged per word (default: "
+                   "andrea.context_vectors.USES)")
+    s.add_argument("--context", type=int, metavar="T", help="--layer: tokens in each use's window, ending at the word "
+                   "(default: andrea.context_vectors.CONTEXT)")
     s.set_defaults(func=cmd_similarity)
     run = argparse.ArgumentParser(add_help=False)  # a timeline is read from a run: no preset, seed or tokenizer
     run.add_argument("--checkpoint", required=True, help="a run folder (or a checkpoint in one) that kept snapshots")

@@ -17,7 +17,8 @@ The steps, in order:
                pairs beyond the band and above every unrelated one; cat·dog alone: a caveat; a word of
                several tokens, its pieces' mean row, is reported apart and left out of the verdict:
                andrea.wordsim.lesson_margin), with how often each word's token stands alone in the
-               training text (andrea.usage)
+               training text (andrea.usage); where that text is known, the same pairs on the last
+               block's word vectors too (andrea.context_vectors), which see xylophone whole
     scores     Spearman ρ on WordSim-353 and SimLex-999 over all single-token pairs and over pairs
                of words whose tokens mostly stand alone, beside counting (PPMI) on the same pairs
     dot        u·v = ‖u‖‖v‖cos θ on the learner's rows
@@ -41,6 +42,7 @@ import torch
 
 from andrea.checkpoint import load_model
 from andrea.config import get_preset, param_rows
+from andrea.context_vectors import CONTEXT, block_vectors, mean_state
 from andrea.embed import forward_matrix, table
 from andrea.errors import AndreaError
 from andrea.lessons.report import CANNOT, CAVEAT, FAILS, HOLDS, Step, report_json, report_text
@@ -214,6 +216,12 @@ def step_pairs(inp: Inputs) -> Step:
         how += "; " + ", ".join(f"{w} is {len(words[w])} tokens ({_label(inp.tokenizer, words[w])})" for w in apart)
         how += ": a mean of pieces' rows, reported apart and left out of the verdict"
     numbers["margin"] = lesson_margin(c, single)  # each related pair above each unrelated one of single tokens
+    blocks = _from_blocks(inp, list(words))
+    if blocks is not None:
+        numbers["blocks"] = blocks
+        how += (f"; from block {blocks['block']}'s hidden states (each word's mean over up to {blocks['max_uses']} uses in "
+                "the training text, centred on the mean state), which see a word of several tokens whole: "
+                + ", ".join(f"{p} {v:+.3f}" for p, v in blocks["cos"].items()))
     notes = _word_notes(inp, words, usage)
     unrelated = min(c["cat·dog"], c["cat·pet"]) - numbers["margin"]  # the greatest unrelated pair of single tokens
     above = {p: c[p] > band and c[p] > unrelated for p in ("cat·dog", "cat·pet")}
@@ -224,6 +232,22 @@ def step_pairs(inp: Inputs) -> Step:
         return Step("pairs", claim, how, CAVEAT if notes else HOLDS, "; ".join(notes), numbers)
     why = "; ".join(notes) or "cat·dog is not beyond the band of random rows or not above every unrelated pair of single tokens"
     return Step("pairs", claim, how, FAILS, why, numbers)
+
+
+def _from_blocks(inp: Inputs, words: list[str]) -> dict | None:
+    """The lesson's pairs on the last block's word vectors (andrea.context_vectors), where the run's
+    training text is known and every word has a use there; None otherwise."""
+    if inp.data is None or not len(inp.model.h):
+        return None
+    context = min(CONTEXT, inp.model.config.block_size)
+    bv = block_vectors(inp.model, inp.tokenizer, inp.data, words, context=context)
+    if not bv.uses.all():
+        return None
+    last = bv.vectors[-1] - mean_state(inp.model, inp.data, context=context)[-1]
+    vec = {w: last[bv.row(w)] for w in words}
+    return {"block": inp.model.config.n_layer, "max_uses": bv.max_uses, "context": context,
+            "uses": {w: int(bv.uses[bv.row(w)]) for w in words},
+            "cos": {f"{a}·{b}": vector_stats(vec[a], vec[b])["cos"] for a, b in LESSON_PAIRS}}
 
 
 def _word_notes(inp: Inputs, words: dict, usage: dict) -> list[str]:
