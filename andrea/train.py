@@ -90,7 +90,7 @@ from andrea.processor import bf16_verdict, processor_line
 from andrea.runstate import RunState, checkpoint_to_resume
 from andrea.shards import TokenData, check_validation, verify_shards
 from andrea.signals import Signals, is_main_process
-from andrea.snapshots.observers import make_growth, score_similarity
+from andrea.snapshots.observers import make_growth, record_heads, score_similarity
 from andrea.trainconfig import TrainConfig, batch_split
 
 
@@ -380,14 +380,18 @@ class Run:
         return halt
 
     def observe(self, evaluation: bool) -> None:
-        """An embedding snapshot, when one is due at this step (see `andrea.snapshots.store`)."""
+        """An embedding snapshot, when one is due at this step (see `andrea.snapshots.store`), and with
+        it the scores of what each attention head attends to (andrea.heads)."""
         if self.growth is None:
             return
         try:
-            self.growth.take(self.state.step, self.model, evaluation)
+            taken = self.growth.take(self.state.step, self.model, evaluation)
         except AndreaError as e:  # an observer: a snapshot that cannot be written never stops the training
             self.log(f"note: embedding snapshots stop for the rest of this run: {e}")
             self.growth = self.scorer = None
+            return
+        if taken is not None:
+            record_heads(self.model, self.growth, self.metrics_path, self.state.step)
 
     def score_similarity(self, step: int, say) -> None:
         """The word-similarity scores of both tables, into metrics.jsonl (see `andrea.wordsim`)."""

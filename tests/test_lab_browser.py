@@ -203,6 +203,9 @@ def test_the_growth_slider_changes_what_is_shown(browser, growth_url, growth_run
     slider = by_css(browser, "#growth-step")[0]
     assert slider.get_attribute("max") == str(len(tl.steps) - 1) and slider.get_attribute("value") == str(len(tl.steps) - 1)
     assert shots.text_of(browser, "growth-step-label") == f"step 16 · snapshot {len(tl.steps)} of {len(tl.steps)}"
+    # each head's scores over the steps, kept with each snapshot (andrea.heads), next to the loss
+    assert shots.wait_for(browser, lambda d: by_css(d, "#growth-heads .main-svg") and by_css(d, "#growth-loss .main-svg"), 30)
+    assert len(by_css(browser, "#growth-heads .scatterlayer .trace")) == 2 * 2  # blocks × heads
     # the last step: neighbours, map and the last interval's updates are the library's
     last = neighbours_at(tl, 16, "cat", 10)
     assert neighbour_ids(browser) == [n["id"] for n in last["neighbours"]]

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from helpers import opts, tiny_config
 
+from andrea import heads
 from andrea.checkpoint import save_checkpoint
 from andrea.cli import main
 from andrea.config import BOS, ModelConfig
@@ -143,19 +144,19 @@ def kind_patterns(n: int) -> np.ndarray:
 
 def test_head_scores_give_each_kind_to_its_head_and_chance_for_even_attention():
     n = 10
-    scores, chance = lesson.head_scores(kind_patterns(n), n)
-    for head, kind in enumerate(lesson.KINDS):
+    scores, chance = heads.head_scores(kind_patterns(n), n)
+    for head, kind in enumerate(heads.KINDS):
         assert scores[kind][0, head] == pytest.approx(1.0)
         assert all(scores[kind][0, h] < 0.6 for h in range(4) if h != head and not (kind == "first" and h != 0))
     T = 2 * n + 1
     even = np.tril(np.ones((T, T))) / np.arange(1, T + 1)[:, None]
-    scores, _ = lesson.head_scores(even[None, None, None], n)
-    for kind in lesson.KINDS:
+    scores, _ = heads.head_scores(even[None, None, None], n)
+    for kind in heads.KINDS:
         assert scores[kind][0, 0] == pytest.approx(chance[kind])
 
 
 def test_random_repeats_are_bos_then_a_sequence_twice_of_distinct_tokens():
-    ids = lesson.random_repeats(TOK.vocab_size, 8, seqs=3)
+    ids = heads.random_repeats(TOK.vocab_size, 8, seqs=3)
     assert ids.shape == (3, 17) and (ids[:, 0] == BOS).all() and (ids[:, 1:9] == ids[:, 9:]).all()
     assert all(len(set(r[1:9])) == 8 for r in ids) and not (ids[:, 1:] == BOS).any()
 
@@ -271,3 +272,20 @@ def test_the_embedding_walk_stays_the_default_and_its_json_gives_the_reference_t
     out = json.loads(capsys.readouterr().out)
     tables = next(s for s in out["steps"] if s["key"] == "tables")["numbers"]
     assert out["walk"] == "embedding" and tables["reference_embedding"] == 7_275_264
+
+
+def test_a_run_keeps_its_heads_scores_at_every_snapshot(data_dir, tmp_path):
+    from andrea.checkpoint import load_model
+    from andrea.metrics import read_metrics
+    from andrea.snapshots.store import snapshot_steps
+
+    run = tmp_path / "run"
+    train(tiny_config(data_dir), opts(max_steps=8), data_dir, run, log=lambda *a: None, progress=False)
+    rows = [r for r in read_metrics(run / "metrics.jsonl") if "heads" in r]
+    assert [r["step"] for r in rows] == snapshot_steps(run) and rows[-1]["step"] == 8
+    model, _, _ = load_model(run / "latest.safetensors")
+    now = heads.score_heads(model.eval())
+    assert rows[-1]["heads"]["n"] == now["n"] == 15  # BOS + r + r in a context of 32
+    for kind in heads.KINDS:
+        np.testing.assert_allclose(rows[-1]["heads"]["scores"][kind], now["scores"][kind], atol=2e-4)
+        assert np.array(now["scores"][kind]).shape == (2, 2)

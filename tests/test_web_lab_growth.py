@@ -238,3 +238,16 @@ def test_bodies_methods_and_queries(client, capfd):
     assert client.get("/api/growth/nothing").status_code == 404
     out, err = capfd.readouterr()
     assert "Traceback" not in out + err
+
+
+def test_the_heads_scores_kept_with_each_snapshot_come_with_the_loss(client, run, timeline):
+    from andrea.heads import KINDS
+    from andrea.metrics import read_metrics
+
+    status, r = post(client, "/api/growth/heads", {})
+    assert status == 200 and r["steps"] == timeline.steps and r["kinds"] == list(KINDS) and r["threshold"] == 0.3
+    rows = [row for row in read_metrics(run / "metrics.jsonl") if "heads" in row]
+    for kind in KINDS:
+        assert r["scores"][kind] == [row["heads"]["scores"][kind] for row in rows]
+        assert np.array(r["scores"][kind]).shape == (len(timeline.steps), 2, 2)  # steps × blocks × heads
+    assert r["loss"]["steps"] == list(range(1, timeline.steps[-1] + 1)) and len(r["loss"]["smoothed"]) == len(r["loss"]["steps"])

@@ -48,10 +48,11 @@ import torch
 import torch.nn.functional as F
 
 from andrea.checkpoint import load_model
-from andrea.config import BOS, N_SPECIAL
-from andrea.embed import attention_pattern, encode_prompt
+from andrea.config import BOS
+from andrea.embed import encode_prompt
 from andrea.errors import AndreaError
 from andrea.evaluate import token_byte_lengths
+from andrea.heads import KINDS, PRESENT, head_scores, patterns, random_repeats, sequence_length
 from andrea.lessons.report import CANNOT, CAVEAT, FAILS, HOLDS, Step, report_json, report_text
 from andrea.shards import TokenData
 from andrea.usage import run_data
@@ -60,9 +61,6 @@ PROMPT = "the cat sat on the mat and the cat slept"
 SPREAD_PICKS, SPREAD_FLAT = 1.0, 0.3  # a head's scaled-score spread: it picks tokens; nearly even below
 SCALE_DIMS = (8, 32, 128)
 SCALE_SAMPLES = 4096
-KINDS = ("previous", "first", "same", "induction")
-PRESENT = 0.3  # a kind of head is present when its best head's mean weight passes this
-RANDOM_LEN, RANDOM_SEQS, RANDOM_SEED = 64, 8, 1234
 WINDOWS_PER_SOURCE = 4  # held-out windows per source for the ablation (a forward pass per head)
 LATER_WINDOWS_PER_SOURCE = 16  # and for the later-tokens score (one forward pass)
 MIN_COST = 0.01  # bits per byte: a head whose removal costs this does measurable work
@@ -264,48 +262,11 @@ def step_rebuild(inp: Inputs) -> Step:
     return Step("rebuild", claim, how, HOLDS, "", numbers)
 
 
-def random_repeats(vocab_size: int, n: int = RANDOM_LEN, seqs: int = RANDOM_SEQS, seed: int = RANDOM_SEED) -> np.ndarray:
-    """(seqs, 2n + 1) ids: BOS, then n distinct random tokens, then the same n again. Segments
-    where the vocabulary has n of them, else any token but BOS."""
-    rng = np.random.default_rng(seed)
-    pool = np.arange(N_SPECIAL, vocab_size) if vocab_size - N_SPECIAL >= n else np.delete(np.arange(vocab_size), BOS)
-    if len(pool) < n:
-        raise AndreaError(f"a vocabulary of {vocab_size} tokens has fewer than {n} to draw a random sequence from.")
-    rows = [rng.choice(pool, size=n, replace=False) for _ in range(seqs)]
-    return np.stack([np.concatenate([[BOS], r, r]) for r in rows])
-
-
-def head_scores(p: np.ndarray, n: int) -> tuple[dict[str, np.ndarray], dict[str, float]]:
-    """Each head's score of each kind from patterns p (L, B, nh, 2n + 1, 2n + 1) on BOS + r + r:
-    the mean weight a query puts on the key of its kind (kind: (L, nh)); and the score of even
-    attention over the keys a query sees (kind: chance)."""
-    pos = {"previous": (np.arange(2, 2 * n + 1), -1), "first": (np.arange(1, 2 * n + 1), None),
-           "same": (np.arange(n + 1, 2 * n + 1), -n), "induction": (np.arange(n + 1, 2 * n + 1), 1 - n)}
-    scores, chance = {}, {}
-    for kind, (rows, shift) in pos.items():
-        cols = np.zeros_like(rows) if shift is None else rows + shift
-        scores[kind] = p[..., rows, cols].mean(axis=(1, -1))
-        chance[kind] = float((1.0 / (rows + 1)).mean())
-    return scores, chance
-
-
-@torch.no_grad()
-def patterns(model, ids: np.ndarray) -> np.ndarray:
-    """Every block's attention weights (L, B, nh, T, T) on a batch of sequences."""
-    x = model.embed(torch.as_tensor(ids, device=model.wte.weight.device))
-    out = []
-    for block in model.h:
-        out.append(attention_pattern(block.attn, block.ln_1(x), model.rope).double().cpu())
-        x = block(x, model.rope)
-    return torch.stack(out).numpy()
-
-
-@torch.no_grad()
 def step_heads(inp: Inputs) -> Step:
     claim = ("Heads specialise: each attends to particular past tokens (the one before, which forms first; the first "
              "token; the same token earlier; or the token that followed it last time, an induction head).")
     cfg = inp.model.config
-    n = min(RANDOM_LEN, (cfg.block_size - 1) // 2)
+    n = sequence_length(cfg.block_size)
     if n < 2:
         return Step("heads", claim, "patterns on a repeated random sequence", CANNOT,
                     f"a context of {cfg.block_size} tokens holds no repeated sequence")

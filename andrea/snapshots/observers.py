@@ -1,5 +1,6 @@
 """A training run's observers of its embedding tables: the snapshots (andrea.snapshots.store) and the
-word-similarity scores written to metrics.jsonl at every evaluation (andrea.wordsim).
+word-similarity scores written to metrics.jsonl at every evaluation (andrea.wordsim); and, with each
+snapshot, what each attention head attends to (andrea.heads), also into metrics.jsonl.
 
 Observers never stop the run: a snapshot that cannot be written ends the snapshots with a note.
 A large table keeps only some rows in its snapshots: the most frequent tokens (counted on a sample
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from andrea.heads import score_heads
 from andrea.metrics import append_row
 from andrea.snapshots import store as snapshots
 from andrea.snapshots.store import Growth, choose_rows
@@ -57,3 +59,12 @@ def score_similarity(model, scorer, growth: Growth, metrics_path: Path, step: in
     s = scores["input_centred"]
     say(f"step {step:,}: word similarity, input table centred: SimLex-999 ρ {_fmt_rho(s['simlex999'])}, "
         f"WordSim-353 ρ {_fmt_rho(s['wordsim353'])}; cos cat·dog {s['cat_dog']:+.3f}, cat·Tuesday {s['cat_tuesday']:+.3f}")
+
+
+def record_heads(model, growth: Growth, metrics_path: Path, step: int) -> None:
+    """The heads' scores at a snapshot's step, added to metrics.jsonl as {"step", "heads"}."""
+    t0 = time.perf_counter()
+    heads = score_heads(model)
+    growth.seconds += time.perf_counter() - t0
+    if heads is not None:
+        append_row(metrics_path, {"step": step, "heads": heads})

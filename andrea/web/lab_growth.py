@@ -9,10 +9,12 @@ snapshots (`andrea.snapshots.store`), these endpoints serve what `andrea.snapsho
     POST /api/growth/rho          {"table", "centred"}                           ρ on SimLex-999, WordSim-353
     POST /api/growth/map          {"words", "table"}                             the aligned 2-D map, per step
     POST /api/growth/updates      {"start", "end", "table"}                      seen against moved, per row
+    POST /api/growth/heads        {}                      each head's scores (andrea.heads) and the loss, over steps
 
 Otherwise GET /api/growth says why there is nothing to show and how to get it, and the others
 answer 400 with the same sentence. The word-similarity sets are read once, when the lab starts;
-requests name words and steps only, and read nothing but the snapshot files found at start.
+requests name words and steps only, and read nothing but the snapshot files found at start and the
+run's metrics.jsonl (the heads' scores kept with each snapshot, and the training loss).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import threading
 from pathlib import Path
 
 from andrea.errors import AndreaError
+from andrea.heads import KINDS, PRESENT
+from andrea.metrics import read_metrics
 from andrea.snapshots.store import FOLDER, TABLES, snapshot_steps
 from andrea.snapshots.timeline import Timeline, aligned_map, neighbours_at, pair_series, rho_series, row_updates
 from andrea.web.common import MAX_K, MAX_WORD_CHARS, finite
@@ -43,6 +47,7 @@ FIELDS = {
     "growth_rho": {"table", "centred"},
     "growth_map": {"words", "table"},
     "growth_updates": {"start", "end", "table"},
+    "growth_heads": set(),
 }
 ROUTES = [("/api/growth", "growth", "GET")] + [(f"/api/growth/{name.split('_', 1)[1]}", name, "POST")
                                               for name in FIELDS if name != "growth"]
@@ -163,3 +168,18 @@ class GrowthViews:
             raise RequestError(f"the interval must start before it ends, got steps {start} to {end}.")
         table = f.choice("table", "input", TABLES)
         return finite(row_updates(tl, start, end, table))
+
+    def growth_heads(self, f: Fields) -> dict:
+        """Each head's score of each kind at the steps the run scored them (metrics.jsonl's "heads"
+        rows, andrea.heads), beside the training loss (its smoothed value) of every step."""
+        tl = self._live()
+        rows = read_metrics(tl.dir / "metrics.jsonl")
+        scored = [r for r in rows if isinstance(r.get("heads"), dict) and isinstance(r.get("step"), int)]
+        losses = [r for r in rows if "smma" in r and isinstance(r.get("step"), int)]
+        if not scored:
+            return {"steps": [], "note": "this run kept no heads' scores (runs trained before andrea.heads, or with "
+                                         "snapshots off, have none)"}
+        return finite({"steps": [r["step"] for r in scored], "threshold": PRESENT, "kinds": list(KINDS),
+                       "n": scored[-1]["heads"].get("n"),
+                       "scores": {k: [r["heads"]["scores"][k] for r in scored] for k in KINDS},
+                       "loss": {"steps": [r["step"] for r in losses], "smoothed": [r["smma"] for r in losses]}})

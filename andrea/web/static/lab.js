@@ -709,7 +709,34 @@ async function seriesPanels(live) {
     api("/api/growth/pairs", { pairs, table, centred }).then(draw(drawPairs)),
     api("/api/growth/rho", { table, centred }).then(draw(drawRho)),
     api("/api/growth/map", { words: splitWords($("growth-map-words").value), table }).then(draw(drawMap)),
+    (G.heads ? Promise.resolve(G.heads) : api("/api/growth/heads", {})).then(draw(drawHeads)),
   ]);
+}
+
+// Each head's score of the chosen kind at the steps the run scored them (andrea.heads), beside the loss.
+function drawHeads(r) {
+  G.heads = r;
+  const node = $("growth-heads"), kind = $("growth-heads-kind").value;
+  if (!r.steps.length) {
+    Plotly.purge(node);
+    $("growth-heads-note").textContent = r.note;
+    return;
+  }
+  const xs = r.steps.map(stepX), traces = [];
+  const L = r.scores[kind][0].length, H = r.scores[kind][0][0].length;
+  for (let l = 0; l < L; l++) for (let h = 0; h < H; h++) {
+    traces.push({ type: "scatter", mode: "lines", name: `b${l + 1}h${h + 1}`, x: xs, y: r.scores[kind].map((s) => s[l][h]),
+      customdata: r.steps, hovertemplate: `block ${l + 1} head ${h + 1}<br>step %{customdata}: %{y:.3f}<extra></extra>` });
+  }
+  const line = { type: "line", xref: "paper", x0: 0, x1: 1, y0: r.threshold, y1: r.threshold, line: { dash: "dot", color: "#b91c1c" } };
+  Plotly.react(node, traces, { margin: { l: 56, r: 10, t: 10, b: 48 }, font: FONT, showlegend: L * H <= 16, legend: { orientation: "h", y: -0.25 },
+    xaxis: stepAxis(), yaxis: { title: { text: `mean weight, ${kind}` }, range: [0, 1] }, shapes: [line] }, PLOT_CONFIG);
+  $("growth-heads-note").textContent = `Each line a head, scored on BOS + r + r (random sequences r of ${r.n} tokens) at every snapshot; ` +
+    `a kind is present above ${r.threshold} (dotted).`;
+  const loss = r.loss;
+  Plotly.react("growth-loss", [{ type: "scatter", mode: "lines", x: loss.steps.map(stepX), y: loss.smoothed, line: { color: "#2563eb" },
+    hovertemplate: "step %{x}: %{y:.3f}<extra></extra>" }],
+  { margin: { l: 56, r: 10, t: 10, b: 48 }, font: FONT, xaxis: stepAxis(), yaxis: { title: { text: "training loss (smoothed), nats" } } }, PLOT_CONFIG);
 }
 
 function fillFrom() {
@@ -783,6 +810,7 @@ async function start() {
   onSubmit("lens-form", DRAW.lens);
   onSubmit("gen-form", generate);
   $("compare-lesson").addEventListener("click", lesson);
+  $("growth-heads-kind").addEventListener("change", () => { if (G.heads) drawHeads(G.heads); });
   for (const b of document.querySelectorAll(".walks button")) {
     b.addEventListener("click", () => { WALK = b.dataset.walk; DRAW.lesson(); });
   }
