@@ -385,13 +385,11 @@ class Run:
         if self.growth is None:
             return
         try:
-            taken = self.growth.take(self.state.step, self.model, evaluation)
+            if self.growth.take(self.state.step, self.model, evaluation) is not None:
+                record_heads(self.model, self.growth, self.metrics_path, self.state.step)
         except AndreaError as e:  # an observer: a snapshot that cannot be written never stops the training
             self.log(f"note: embedding snapshots stop for the rest of this run: {e}")
             self.growth = self.scorer = None
-            return
-        if taken is not None:
-            record_heads(self.model, self.growth, self.metrics_path, self.state.step)
 
     def score_similarity(self, step: int, say) -> None:
         """The word-similarity scores of both tables, into metrics.jsonl (see `andrea.wordsim`)."""
