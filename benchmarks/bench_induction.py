@@ -78,7 +78,7 @@ def main() -> int:
                          seed=seed, audit={"enabled": False}, recipe=RECIPE, lr=LR)
         t0 = time.time()
         train(cfg, tc, data_dir, run, log=say, progress=False, resume=False)
-        seconds = time.time() - t0
+        notes.append(f"seed {seed}: {time.time() - t0:.0f} s")
         rows = read_metrics(run / "metrics.jsonl")
         steps = max(r["step"] for r in rows if "loss" in r)
         first, best, best_step = crossing(rows)
@@ -91,7 +91,6 @@ def main() -> int:
         rows_out.append([seed, f"{steps:,}", f"{steps * BATCH * CONTEXT / 1e6:.2f} M", f"{first:,}",
                          f"{best:.2f} (step {best_step:,})", f"{first * BATCH * CONTEXT / 1e6:.2f} M",
                          f"{prev:.2f}", f"{before:.3f} / {after:.3f}: " + ("faster after" if after > before else "not faster")])
-        notes.append(f"seed {seed}: {seconds:.0f} s")
     main_rows = []
     for ckpt in sorted((REPO / "runs" / "main-corpus").glob(f"segments-{MAIN_SEGMENTS}-seed-*")):
         model, _, c = load_model(ckpt)

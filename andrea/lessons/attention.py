@@ -78,6 +78,7 @@ class Inputs:
     data: TokenData | None = None
     data_note: str = "no run folder was given"
     prompt: str = PROMPT
+    block: dict | None = None  # block_one on the prompt, computed once for the steps that read it
 
 
 def load_inputs(checkpoint, log=None) -> Inputs:
@@ -139,6 +140,14 @@ def _prompt_ids(inp: Inputs) -> list[int]:
     return encode_prompt(inp.model, inp.tokenizer, inp.prompt)
 
 
+def _prompt_block(inp: Inputs) -> tuple[list[int], dict]:
+    """The prompt's ids and block 1 on them (`block_one`), computed on the first call only."""
+    if inp.block is None:
+        ids = _prompt_ids(inp)
+        inp.block = {"ids": ids, **block_one(inp.model, ids)}
+    return inp.block["ids"], inp.block
+
+
 def _pieces(inp: Inputs, ids) -> list[str]:
     return [inp.tokenizer.id_to_piece(i).replace(" ", "␣") for i in ids]
 
@@ -150,8 +159,7 @@ def _pieces(inp: Inputs, ids) -> list[str]:
 def step_scores(inp: Inputs) -> Step:
     claim = ("A query's dot product with a key scores each past token: block 1 computes q_i = ln_1(x_i)·W_q and "
              "k_j = ln_1(x_j)·W_k for every head, and the score q_i·k_j says how much token j matters at i.")
-    ids = _prompt_ids(inp)
-    b = block_one(inp.model, ids)
+    ids, b = _prompt_block(inp)
     hs = inp.model.config.head_dim
     scaled = b["raw"] / math.sqrt(hs)
     spread = key_spread(scaled)
@@ -193,7 +201,7 @@ def step_scale(inp: Inputs) -> Step:
              "spreads √d_head, which would push the softmax to pick one token as heads grow.")
     hs = inp.model.config.head_dim
     rand = random_dot_spread(sorted({*SCALE_DIMS, hs}))
-    b = block_one(inp.model, _prompt_ids(inp))
+    _, b = _prompt_block(inp)
     raw = float(key_spread(b["raw"]).mean())
     scaled = raw / math.sqrt(hs)
     q_std, k_std = float(b["q"].std()), float(b["k"].std())
@@ -220,16 +228,16 @@ def _after_block_one(model, ids: list[int]) -> torch.Tensor:
 def step_mask(inp: Inputs) -> Step:
     claim = ("The causal mask hides later tokens: after the softmax the weights above the diagonal are 0 and every row "
              "sums to 1, so a position's output does not change when a later token does.")
-    ids = _prompt_ids(inp)
-    b = block_one(inp.model, ids)
+    ids, b = _prompt_block(inp)
     pattern = masked_softmax(b["raw"] / math.sqrt(inp.model.config.head_dim))
     T = len(ids)
     above = float(pattern.masked_select(~causal(T)).abs().max()) if T > 1 else 0.0
     rows = float((pattern.sum(-1) - 1).abs().max())
     other = next(i for i in (BOS + 1, 257, 1, 0) if 0 <= i < inp.model.config.vocab_size and i != ids[-1] and i != BOS)
     changed = ids[:-1] + [other]
-    moved = float((_after_block_one(inp.model, ids)[:-1] - _after_block_one(inp.model, changed)[:-1]).abs().max())
-    scale = float(_after_block_one(inp.model, ids).abs().max())
+    out = _after_block_one(inp.model, ids)
+    moved = float((out[:-1] - _after_block_one(inp.model, changed)[:-1]).abs().max())
+    scale = float(out.abs().max())
     numbers = {"tokens": T, "above_diagonal_max": above, "row_sum_error": rows, "earlier_positions_moved": moved,
                "output_scale": scale, "changed_token": _pieces(inp, [ids[-1], other])}
     how = (f"on the prompt's {T} tokens: the largest weight above the diagonal {above:.3g}, rows sum to 1 within "
@@ -246,8 +254,7 @@ def step_mask(inp: Inputs) -> Step:
 def step_rebuild(inp: Inputs) -> Step:
     claim = ("Block 1's attention is softmax(q·k/√d_head)·v per head, the heads joined and multiplied by W_o: "
              "rebuilt that way it matches the model's own output.")
-    ids = _prompt_ids(inp)
-    b = block_one(inp.model, ids)
+    ids, b = _prompt_block(inp)
     attn = inp.model.h[0].attn
     pattern = masked_softmax(b["raw"] / math.sqrt(attn.head_dim))
     joined = (pattern @ b["v"]).transpose(0, 1).reshape(len(ids), -1)
