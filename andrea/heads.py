@@ -68,9 +68,6 @@ def patterns(model, ids: np.ndarray) -> np.ndarray:
     return torch.stack(out).numpy()
 
 
-@torch.no_grad()
-
-
 def sequence_length(block_size: int) -> int:
     """n of BOS + r + r that fits a context of block_size (at most RANDOM_LEN)."""
     return min(RANDOM_LEN, (block_size - 1) // 2)

@@ -1,41 +1,54 @@
-"""When does an induction head form? A small model on the main job's data, watched while it trains.
+"""When does an induction head form? A small model watched while it trains.
 
-Trains a 2-block model (d 64, 4 heads, context 128, batch 4 × 128, the main job's recipe v3 at
-6e-3) on the main job's shards for a fixed number of minutes per seed, with snapshots on, so the run scores what each head attends to
-at steps 0, 1, 2, 4, … and at every evaluation (andrea.heads, kept in metrics.jsonl). Reports per
-seed: the step and the tokens at which the best induction score first passes 0.3 (or "not yet",
-with the best reached), the previous-token score there, and whether the loss shows a bump: the
-smoothed training loss's fall over the steps just before and just after the crossing (an
-induction head brings a faster fall, Olsson et al. 2022). Then the main job's model, scored the
-same way (its runs predate the kept scores: the final checkpoint only).
+Trains a 2-block model (d 64, 4 heads, context 128, batch 4 × 128, the main job's recipe v3 with
+its own warm-up and decay) for a fixed number of minutes per seed, with snapshots on, so the run
+scores what each head attends to at steps 0, 1, 2, 4, … and at every evaluation (andrea.heads,
+kept in metrics.jsonl). Reports per seed: the step and the tokens at which the best induction score
+first passes 0.3 (or "not yet", with the best reached), the previous-token score there, and whether
+the loss shows a bump: the smoothed training loss's fall over the steps just before and just after
+the crossing (an induction head brings a faster fall, Olsson et al. 2022). Then the main job's
+model, scored the same way (its runs predate the kept scores: the final checkpoint only).
+
+The data (--data):
+  repeats  (default) documents made from the main job's training text: a passage of 8 to 32 of its
+           tokens, decoded, written three times in a row (BOS + p + p + p), prepared with the main
+           job's tokenizer into runs/bench-induction/repeats; copying from context pays on two
+           thirds of every document, as it does on the random sequences the heads are scored on
+  main     the main job's shards as they are
+The positions (--pos): `rope` (default) or `learned`, the family's own position table, which
+must learn what "the token before" is before a previous-token head can form.
 
     .venv/bin/python benchmarks/bench_induction.py                   # 3 seeds × 12 minutes
-    .venv/bin/python benchmarks/bench_induction.py --minutes 1 --seeds 1
+    .venv/bin/python benchmarks/bench_induction.py --minutes 1 --seeds 1 --pos learned
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import shutil
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 from common import REPO, machine_line, main_job_data, md_table, say
 
 from andrea.checkpoint import load_model
 from andrea.config import ModelConfig, count_params
 from andrea.errors import AndreaError
 from andrea.heads import PRESENT, score_heads
-from andrea.mainjob_settings import MAIN_SEGMENTS
+from andrea.mainjob_settings import MAIN_SEGMENTS, RECIPE_SETTINGS
 from andrea.metrics import read_metrics
+from andrea.prepare import prepare
 from andrea.shards import TokenData
 from andrea.train import train
 from andrea.trainconfig import TrainConfig
 
 D, HEADS, LAYERS, CONTEXT, BATCH = 64, 4, 2, 128, 4
-RECIPE, LR = "v3", 6e-3  # the main job's recipe and peak rate
+RECIPE = "v3"  # the main job's recipe, with its peak rate, warm-up and decay
+COPIES, SHORTEST, LONGEST, DOCS = 3, 8, 32, 150_000  # the repeats data: a passage of 8-32 tokens, three times
 WINDOW = 100  # steps of loss compared before and after the crossing
 
 
@@ -54,28 +67,52 @@ def loss_fall(rows: list[dict], step: int, window: int = WINDOW) -> tuple[float,
     return at(step - window) - at(step), at(step) - at(step + window)
 
 
+def repeats_data(data_dir: Path, out: Path, seed: int = 0) -> Path:
+    """The repeats data (module docstring) in out/data, prepared once: DOCS passages drawn from each
+    source of the main job's training split in proportion to its tokens, each written COPIES times."""
+    if (out / "data" / "manifest.json").exists():
+        return out / "data"
+    data = TokenData(data_dir)
+    tokenizer = data.load_tokenizer()
+    rng = np.random.default_rng(seed)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "repeats.jsonl", "w") as f:
+        for name, share in data.token_share().items():
+            tokens = data.sources[name].train
+            k = round(DOCS * share)
+            for start, n in zip(rng.integers(0, len(tokens) - LONGEST, size=k), rng.integers(SHORTEST, LONGEST + 1, size=k)):
+                text = tokenizer.decode([int(t) for t in tokens[int(start):int(start) + int(n)]])
+                f.write(json.dumps({"text": text * COPIES}) + "\n")
+    prepare(tokenizer, [f"repeats={out / 'repeats.jsonl'}"], out / "data", log=say, progress=False)
+    return out / "data"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--minutes", type=float, default=12.0, help="training minutes per seed (default 12)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[1337, 1338, 1339])
+    ap.add_argument("--data", choices=["repeats", "main"], default="repeats", help="what it trains on (default repeats)")
+    ap.add_argument("--pos", choices=["rope", "learned"], default="rope", help="position scheme (default rope)")
     ap.add_argument("--out", type=Path, default=REPO / "runs" / "bench-induction")
     args = ap.parse_args()
     try:
         data_dir = main_job_data(MAIN_SEGMENTS)
+        if args.data == "repeats":
+            data_dir = repeats_data(data_dir, args.out / "repeats")
         V = TokenData(data_dir).vocab_size
     except AndreaError as e:
         print(f"bench_induction: {e}", file=sys.stderr)
         return 2
-    cfg = ModelConfig(vocab_size=V, n_embd=D, n_head=HEADS, n_layer=LAYERS, block_size=CONTEXT)
+    cfg = ModelConfig(vocab_size=V, n_embd=D, n_head=HEADS, n_layer=LAYERS, block_size=CONTEXT, pos=args.pos)
     rows_out, notes = [], []
     start = time.time()
     for seed in args.seeds:
-        run = args.out / f"seed-{seed}"
+        run = args.out / f"{args.data}-{args.pos}-seed-{seed}"
         say(f"seed {seed}: training for {args.minutes:g} minutes into {run}")
         shutil.rmtree(run, ignore_errors=True)  # a fresh run each call
         tc = TrainConfig(batch_size=BATCH, micro_batch=BATCH, seq_len=CONTEXT, max_steps=10**9,
                          time_limit=args.minutes * 60, eval_every=250, eval_windows=8, checkpoint_every=10**9,
-                         seed=seed, audit={"enabled": False}, recipe=RECIPE, lr=LR)
+                         seed=seed, audit={"enabled": False}, recipe=RECIPE, **RECIPE_SETTINGS[RECIPE])
         t0 = time.time()
         train(cfg, tc, data_dir, run, log=say, progress=False, resume=False)
         notes.append(f"seed {seed}: {time.time() - t0:.0f} s")
@@ -100,8 +137,8 @@ def main() -> int:
     print(machine_line())
     print()
     print(f"model: d {D}, {HEADS} heads, {LAYERS} blocks, context {CONTEXT}, V {V:,} ({count_params(cfg):,} parameters; "
-          f"recipe {RECIPE} at {LR:g}, andrea train's defaults otherwise), batch {BATCH} × {CONTEXT} = {BATCH * CONTEXT} tokens a step, "
-          f"{args.minutes:g} minutes a seed on the main job's shards; heads scored at steps 0, 1, 2, 4, … and every "
+          f"positions {args.pos}, recipe {RECIPE} as the main job sets it), data {args.data}, batch {BATCH} × {CONTEXT} = {BATCH * CONTEXT} tokens a step, "
+          f"{args.minutes:g} minutes a seed; heads scored at steps 0, 1, 2, 4, … and every "
           f"250 (andrea.heads: mean attention weight on BOS + r + r, a kind present above {PRESENT}). Loss fall: the "
           f"smoothed training loss's fall over the {WINDOW} steps before the crossing / the {WINDOW} after. "
           f"{time.time() - start:.0f} s in all ({'; '.join(notes)}).")
