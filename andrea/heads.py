@@ -1,7 +1,8 @@
 """What each attention head attends to, scored on a repeated random sequence, and kept while a run trains.
 
-On BOS + r + r, for random token sequences r of n distinct tokens (the same draw for every model of
-a V), each head's mean attention weight on the key of a kind:
+On BOS + r + r, for random token sequences r of n distinct tokens drawn from the COMMON most used
+segments (the tokenizer numbers segments most used first; the same draw for every model of a V),
+each head's mean attention weight on the key of a kind:
 
     previous    the token before (i − 1), over positions 2 .. 2n
     first       the first token, BOS (0), over positions 1 .. 2n
@@ -9,7 +10,11 @@ a V), each head's mean attention weight on the key of a kind:
     induction   the token after that copy (i − n + 1), over the second copy: what an induction
                 head attends to, to predict that the sequence goes on as it did
 
-A kind is present when its best head's score passes PRESENT (0.3). Even attention over the keys a
+Why the most used: an induction head matches a token to its earlier copy, and a token a small run
+has hardly seen keeps a row near its random start, which no head can match; over every segment of
+a V of 8,449, a 15-minute run's rare tokens would score the heads' lack of data, not their kind
+(`score_heads(common=None)` draws from all of them, for comparison). A kind is present when its
+best head's score passes PRESENT (0.3). Even attention over the keys a
 query sees scores 1/(i + 1) averaged over the same positions (`head_scores`' chance).
 
 While a run trains, `score_heads` runs at every embedding snapshot (steps 0, 1, 2, 4, … and
@@ -30,13 +35,16 @@ from andrea.errors import AndreaError
 KINDS = ("previous", "first", "same", "induction")
 PRESENT = 0.3  # a kind of head is present when its best head's mean weight passes this
 RANDOM_LEN, RANDOM_SEQS, RANDOM_SEED = 64, 8, 1234
+COMMON = 1_000  # r is drawn from this many of the most used segments
 
 
-def random_repeats(vocab_size: int, n: int = RANDOM_LEN, seqs: int = RANDOM_SEQS, seed: int = RANDOM_SEED) -> np.ndarray:
-    """(seqs, 2n + 1) ids: BOS, then n distinct random tokens, then the same n again. Segments
-    where the vocabulary has n of them, else any token but BOS."""
+def random_repeats(vocab_size: int, n: int = RANDOM_LEN, seqs: int = RANDOM_SEQS, seed: int = RANDOM_SEED,
+                   common: int | None = COMMON) -> np.ndarray:
+    """(seqs, 2n + 1) ids: BOS, then n distinct random tokens, then the same n again. The `common`
+    most used segments (None: every segment) where the vocabulary has n of them, else any token but BOS."""
     rng = np.random.default_rng(seed)
-    pool = np.arange(N_SPECIAL, vocab_size) if vocab_size - N_SPECIAL >= n else np.delete(np.arange(vocab_size), BOS)
+    top = vocab_size if common is None else min(vocab_size, N_SPECIAL + common)
+    pool = np.arange(N_SPECIAL, top) if top - N_SPECIAL >= n else np.delete(np.arange(vocab_size), BOS)
     if len(pool) < n:
         raise AndreaError(f"a vocabulary of {vocab_size} tokens has fewer than {n} to draw a random sequence from.")
     rows = [rng.choice(pool, size=n, replace=False) for _ in range(seqs)]
@@ -74,13 +82,13 @@ def sequence_length(block_size: int) -> int:
 
 
 @torch.no_grad()
-def score_heads(model) -> dict | None:
-    """{"n", "scores": {kind: (L, nh) list}, "best": {kind: float}} of a model, or None where its
-    context holds no repeated sequence of 2 tokens."""
+def score_heads(model, common: int | None = COMMON) -> dict | None:
+    """{"n", "scores": {kind: (L, nh) list}, "best": {kind: float}} of a model on sequences of the
+    `common` most used segments, or None where its context holds no repeated sequence of 2 tokens."""
     cfg = model.config
     n = sequence_length(cfg.block_size)
     if n < 2 or not len(model.h):
         return None
-    scores, _ = head_scores(patterns(model, random_repeats(cfg.vocab_size, n)), n)
+    scores, _ = head_scores(patterns(model, random_repeats(cfg.vocab_size, n, common=common)), n)
     return {"n": n, "scores": {k: np.round(v, 4).tolist() for k, v in scores.items()},
             "best": {k: round(float(v.max()), 4) for k, v in scores.items()}}

@@ -15,7 +15,7 @@ from helpers import opts, tiny_config
 from andrea import heads
 from andrea.checkpoint import save_checkpoint
 from andrea.cli import main
-from andrea.config import BOS, ModelConfig
+from andrea.config import BOS, N_SPECIAL, ModelConfig
 from andrea.lessons import attention as lesson
 from andrea.lessons.report import CANNOT, CAVEAT, FAILS, HOLDS
 from andrea.model import ANDREA
@@ -159,6 +159,14 @@ def test_random_repeats_are_bos_then_a_sequence_twice_of_distinct_tokens():
     ids = heads.random_repeats(TOK.vocab_size, 8, seqs=3)
     assert ids.shape == (3, 17) and (ids[:, 0] == BOS).all() and (ids[:, 1:9] == ids[:, 9:]).all()
     assert all(len(set(r[1:9])) == 8 for r in ids) and not (ids[:, 1:] == BOS).any()
+
+
+def test_random_repeats_draw_from_the_most_used_segments_unless_told_otherwise():
+    common = heads.random_repeats(5_000, 64, seqs=8, common=100)
+    assert common.shape == (8, 129) and ((common[:, 1:] >= N_SPECIAL) & (common[:, 1:] < N_SPECIAL + 100)).all()
+    every = heads.random_repeats(5_000, 64, seqs=8, common=None)
+    assert (every[:, 1:] >= N_SPECIAL + 100).any() and ((every[:, 1:] >= N_SPECIAL) & (every[:, 1:] < 5_000)).all()
+    assert (heads.random_repeats(5_000, 64) < N_SPECIAL + heads.COMMON).all()  # the default: the COMMON most used
 
 
 def test_heads_find_a_previous_token_head_and_fail_where_none_formed(monkeypatch):

@@ -52,7 +52,7 @@ from andrea.config import BOS
 from andrea.embed import encode_prompt
 from andrea.errors import AndreaError
 from andrea.evaluate import token_byte_lengths
-from andrea.heads import KINDS, PRESENT, head_scores, patterns, random_repeats, sequence_length
+from andrea.heads import COMMON, KINDS, PRESENT, head_scores, patterns, random_repeats, sequence_length
 from andrea.lessons.report import CANNOT, CAVEAT, FAILS, HOLDS, Step, report_json, report_text
 from andrea.shards import TokenData
 from andrea.usage import run_data
@@ -289,7 +289,8 @@ def step_heads(inp: Inputs) -> Step:
     numbers = {"n": n, "sequences": len(ids), "threshold": PRESENT, "kinds": kinds,
                "scores": {k: v.tolist() for k, v in scores.items()},
                "example": {"tokens": _pieces(inp, ids[0]), "patterns": p[:, 0].tolist()}}
-    how = (f"on BOS + r + r for {len(ids)} random sequences r of {n} tokens: the best head of each kind, its mean "
+    how = (f"on BOS + r + r for {len(ids)} random sequences r of {n} tokens (of the {COMMON:,} most used segments): "
+           "the best head of each kind, its mean "
            "weight (even attention's in brackets): " + "; ".join(
                f"{k} {v['best']:.2f} (block {v['block']} head {v['head']}; {v['chance']:.2f}) {v['verdict']}"
                for k, v in kinds.items()))
