@@ -179,6 +179,26 @@ def layer_scores(bv: BlockVectors, tokenizer, sets, tables: dict[str, np.ndarray
     return out
 
 
+def score_layers(model, tokenizer, data, sets, uses: int = USES, context: int = CONTEXT, ppmi: bool = False,
+                 log=None) -> dict:
+    """`layer_scores` of every WordSim-353 and SimLex-999 word's block vectors (up to `uses` uses,
+    windows of `context` tokens, at most the model's own) in `data`, beside the model's input table
+    and head and, with ppmi, PPMI counts of the same training text; "blocks" says how many there are."""
+    from andrea.wordsim import model_tables, ppmi_vectors, train_token_chunks
+
+    V, d = model.config.vocab_size, model.config.n_embd
+    if data.vocab_size != V:
+        raise AndreaError(f"the shards in {data.dir} have V = {data.vocab_size:,}, the model {V:,}.")
+    words = {w for pairs in sets.pairs.values() for a, b, _ in pairs for w in (a, b)}
+    bv = block_vectors(model, tokenizer, data, words, uses, min(context, model.config.block_size), log=log)
+    tables = model_tables(model)
+    if ppmi:
+        if log:
+            log("counting the training text's co-occurrences for the PPMI reference")
+        tables["ppmi"] = ppmi_vectors(train_token_chunks(data), V, d)
+    return {**layer_scores(bv, tokenizer, sets, tables), "blocks": model.config.n_layer}
+
+
 def best_layer(scores: dict, set_name: str) -> tuple[str, float]:
     """The block whose vectors rank the set's pairs best: (name, ρ)."""
     blocks = {k: v["rho"] for k, v in scores["sets"][set_name]["scores"].items() if k.startswith("block")}

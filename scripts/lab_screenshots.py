@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-VIEWS = ("lesson", "params", "token", "compare", "map", "positions", "attention", "lens", "generate", "growth")
+VIEWS = ("lesson", "params", "token", "compare", "map", "positions", "attention", "lens", "layers", "generate", "growth")
 GROWTH_HEIGHT = 1600  # the Growth view's panels need a taller window than the others
 CHROMIUM = ("chromium", "chromium-browser", "google-chrome")
 DRIVER = ("chromedriver",)
@@ -197,6 +197,7 @@ def show_each_view(driver, url: str, out_dir: Path | None = None, words=("cat", 
 
     step("attention", lambda: prompted("attention", "attention-go"))
     step("lens", lambda: prompted("lens", "lens-go"))
+    step("layers", lambda: (open_view(driver, url, "layers"), wait_view_loaded(driver, "layers", 300))[1])
 
     def generate():
         open_view(driver, url, "generate")

@@ -138,9 +138,12 @@ def test_generate_shows_the_library_tokens_as_they_come(browser, url, subject):
     assert "sampled" in shots.text_of(browser, "gen-detail")
 
 
+@pytest.mark.allow_400
 def test_every_view_loads(browser, url):
     states = shots.show_each_view(browser, url, words=("cat",), prompt="the cat sat on a mat")
-    assert states == {v: "ready" for v in shots.VIEWS} and shots.VIEWS[0] == "lesson"
+    # a bare model file has no training text for the Layers view, and the page says so
+    assert states == {v: "error" if v == "layers" else "ready" for v in shots.VIEWS} and shots.VIEWS[0] == "lesson"
+    assert "that is not known here" in by_css(browser, "#layers-error")[0].get_attribute("textContent")
     assert len(by_css(browser, "#lesson-steps li")) == 9  # the lesson's claims, the first tab
     assert len(by_css(browser, "#compare-results .card")) == len(LESSON_PAIRS)
     assert "cat·dog" in by_css(browser, "#compare-verdict")[0].get_attribute("textContent")  # the view is hidden now
@@ -171,6 +174,17 @@ def test_the_lesson_tab_offers_both_walks_and_draws_their_figures(browser, url, 
     by_css(browser, "#lesson-walk-embedding")[0].click()
     assert shots.wait_for(browser, lambda d: by_css(d, '#lesson-steps[data-walk="embedding"]'), 30)
     assert len(by_css(browser, "#lesson-steps li")) == 9
+
+
+def test_the_layers_view_draws_each_block_beside_the_tables(browser, growth_url, growth_subject):
+    shots.open_view(browser, growth_url, "layers")
+    assert shots.wait_view_loaded(browser, "layers", 120) == "ready"
+    L = growth_subject.model.config.n_layer
+    head = [th.get_attribute("textContent") for th in by_css(browser, "#layers-table tr:first-child th")]
+    assert head == ["set", "pairs", "input table", *[f"block {i}" for i in range(1, L + 1)], "output head"]
+    assert [tr.get_attribute("data-set") for tr in by_css(browser, "#layers-table tr[data-set]")] == ["simlex999", "wordsim353"]
+    for name in ("simlex999", "wordsim353"):
+        assert len(by_css(browser, f"#layers-{name} .bars .point")) == L + 2  # a bar for each block and table
 
 
 @pytest.mark.allow_400

@@ -133,6 +133,10 @@ BAD = [
     ("/api/attention", {"prompt": "the cat " * 40}, "more than this view's limit of 64 tokens"),
     ("/api/lens", {"prompt": "the cat sat", "k": 21}, "k must be an integer from 1 to 20"),
     ("/api/lens", {"prompt": None}, "prompt must be a non-empty string"),
+    ("/api/layers", {"uses": 65}, "uses must be an integer from 1 to 64"),
+    ("/api/layers", {"ppmi": "yes"}, "true or false"),
+    # a bare model file: no run, so no training text to average a word's uses over
+    ("/api/layers", {}, "the run's training text, and that is not known here"),
     ("/api/generate", {"prompt": "the", "temperature": -1}, "temperature must be a number"),
     ("/api/generate", {"prompt": "the", "temperature": float("inf")}, "temperature must be a number"),
     ("/api/generate", {"prompt": "the", "top_p": float("nan")}, "top_p must be a number"),

@@ -155,6 +155,25 @@ def test_a_checkpoint_inside_the_run_folder_finds_its_snapshots(run):
     assert app.state.growth.summary() == "growth view: 6 embedding snapshots, steps 0 to 16"
 
 
+def test_the_layers_view_scores_what_the_library_scores(client, growth_run, subject):
+    from andrea.context_vectors import score_layers
+    from andrea.usage import run_data
+
+    code, r = post(client, "/api/layers", {"uses": 4})
+    assert code == 200
+    data, _ = run_data(growth_run[0], subject.model.config.vocab_size)
+    want = score_layers(subject.model, subject.tokenizer, data, load_wordsets(growth_run[1] / "wordsets"), 4)
+    assert r == jsonish(want) and r["uses"] == 4 and r["blocks"] == subject.model.config.n_layer
+    for part in r["sets"].values():
+        blocks = [k for k in part["scores"] if k.startswith("block")]
+        assert blocks == [f"block {i}" for i in range(1, r["blocks"] + 1)] and {"input", "output"} <= set(part["scores"])
+        assert part["pairs"] >= 3 and all(math.isfinite(v["rho"]) and v["n"] == part["pairs"] for v in part["scores"].values())
+    assert post(client, "/api/layers", {"uses": 4})[1] == r  # computed once
+    code, r = post(client, "/api/layers", {"uses": 0})
+    assert code == 400 and "uses" in r["error"]
+    assert post(client, "/api/layers", {"uses": 4, "words": ["cat"]})[0] == 400  # a field it does not take
+
+
 def test_without_the_word_sets_the_view_says_how_to_fetch_them(subject, tmp_path, monkeypatch):
     monkeypatch.setenv("ANDREA_CACHE", str(tmp_path / "empty"))
     with TestClient(create_app(subject)) as c:
@@ -162,6 +181,8 @@ def test_without_the_word_sets_the_view_says_how_to_fetch_them(subject, tmp_path
         r = c.post("/api/growth/rho", json={})
         assert r.status_code == 200 and r.json() == {"fetched": False, "note": web_growth.HOW_TO_FETCH}
         assert c.post("/api/growth/pairs", json={}).status_code == 200
+        r = c.post("/api/layers", json={})
+        assert r.status_code == 400 and r.json() == {"error": web_growth.HOW_TO_FETCH}
     assert "andrea data fetch wordsets" in web_growth.HOW_TO_FETCH
 
 

@@ -70,9 +70,8 @@ def cmd_similarity(args) -> int:
 
 def _layers(args, model, tok, sets) -> int:
     """--layer: word vectors from the blocks beside the tables, on the same pairs (andrea.context_vectors)."""
-    from andrea.context_vectors import CONTEXT, USES, block_vectors, layer_scores
+    from andrea.context_vectors import CONTEXT, USES, score_layers
     from andrea.errors import AndreaError
-    from andrea.wordsim import model_tables, ppmi_vectors, train_token_chunks
 
     L = model.config.n_layer
     uses = USES if args.uses is None else args.uses
@@ -84,16 +83,8 @@ def _layers(args, model, tok, sets) -> int:
     if not args.checkpoint and not args.data:
         raise AndreaError("--layer averages a word's hidden states over its uses in training text: give a run's "
                           "--checkpoint, or --data DIR.")
-    data = _ppmi_data(args)
-    if data.vocab_size != model.config.vocab_size:
-        raise AndreaError(f"the shards in {data.dir} have V = {data.vocab_size:,}, the model {model.config.vocab_size:,}.")
     log = None if args.json else (lambda m: print(m, file=sys.stderr))
-    words = {w for pairs in sets.pairs.values() for a, b, _ in pairs for w in (a, b)}
-    bv = block_vectors(model, tok, data, words, uses, context, log=log)
-    tables = model_tables(model)
-    if args.ppmi:
-        tables["ppmi"] = ppmi_vectors(train_token_chunks(data), model.config.vocab_size, model.config.n_embd)
-    r = layer_scores(bv, tok, sets, tables)
+    r = score_layers(model, tok, _ppmi_data(args), sets, uses, context, args.ppmi, log=log)
     if args.layer != "all":
         keep = f"block {args.layer}"
         for part in r["sets"].values():

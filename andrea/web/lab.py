@@ -16,6 +16,8 @@ endpoint under /api/ that calls the same `andrea.embed` functions the `andrea em
     GET  /api/positions                                                  position similarity
     POST /api/attention    {"prompt", "bos"}                             every layer × head pattern
     POST /api/lens         {"prompt", "k", "bos"}                        the logit lens
+    POST /api/layers       {"uses", "ppmi"}   word vectors from the blocks, scored per block beside
+                           the tables (andrea.context_vectors.score_layers; the run's data and the word sets)
     POST /api/generate     {"prompt", "max_new_tokens", "temperature", "top_k", "top_p", "seed"}
                            a stream of JSON lines, one per token, then {"done": ...}
     /api/growth...         the Growth view: the run's embedding snapshots (see `andrea.web.lab_growth`)
@@ -37,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from andrea import embed
+from andrea import context_vectors, embed
 from andrea.config import PRESETS
 from andrea.errors import AndreaError, longer_than_context
 from andrea.lessons import attention as attention_lesson
@@ -51,8 +53,8 @@ from andrea.vectors import METRICS, whole_word_mask
 from andrea.web import lab_growth
 from andrea.web.common import MAX_K, MAX_WORD_CHARS, finite, rounded
 from andrea.web.http import Fields, Guard, RequestError, UvicornServer, bind, logger, loopback_hosts, read_body
-from andrea.web.lab_growth import GrowthViews
-from andrea.wordsim import LESSON_PAIRS, LESSON_RELATED
+from andrea.web.lab_growth import HOW_TO_FETCH, GrowthViews
+from andrea.wordsim import LESSON_PAIRS, LESSON_RELATED, try_load_wordsets
 
 MAX_BODY = 16_384  # bytes of a request body
 MAX_PROMPT_CHARS = 2_000
@@ -63,6 +65,7 @@ MAX_ATTENTION_TOKENS = 64  # every layer × head × T² weights go to the page
 MAX_LENS_TOKENS = 128
 MAX_NEW_TOKENS = 500
 MAX_HEATMAP = 256  # position rows drawn; longer tables are sampled evenly
+MAX_USES = 64  # uses of a word averaged in the Layers view
 
 
 # ---------------------------------------------------------------- the views, as plain functions of a subject
@@ -75,6 +78,8 @@ class LabViews:
         self.subject = subject
         self.model, self.tok = subject.model, subject.tokenizer
         self.cfg = subject.model.config
+        self._layers: dict[tuple, dict] = {}
+        self.sets = try_load_wordsets(log=_log)  # read once, as the Growth view does
 
     def info(self, f: Fields) -> dict:
         cfg = self.cfg
@@ -196,6 +201,20 @@ class LabViews:
         prompt, bos = self._prompt(f, MAX_LENS_TOKENS)
         return embed.logit_lens(self.model, self.tok, prompt, k, bos)
 
+    def layers(self, f: Fields) -> dict:
+        """Word vectors from the blocks scored per block beside the tables, once per (uses, ppmi)."""
+        uses, ppmi = f.integer("uses", context_vectors.USES, 1, MAX_USES), f.flag("ppmi")
+        if (uses, ppmi) not in self._layers:
+            data, why = run_data(self.subject.checkpoint, self.cfg.vocab_size)
+            if data is None:
+                raise RequestError(f"word vectors from the blocks are a word's hidden states averaged over its uses in "
+                                   f"the run's training text, and that is not known here: {why}.")
+            if self.sets is None:
+                raise RequestError(HOW_TO_FETCH)
+            r = context_vectors.score_layers(self.model, self.tok, data, self.sets, uses, ppmi=ppmi, log=_log)
+            self._layers[(uses, ppmi)] = finite(r)  # a ρ of too few pairs is NaN: null in JSON
+        return self._layers[(uses, ppmi)]
+
     def generate(self, f: Fields):
         prompt = f.text("prompt", MAX_PROMPT_CHARS)
         settings = dict(
@@ -220,6 +239,7 @@ FIELDS = {
     "positions": set(),
     "attention": {"prompt", "bos"},
     "lens": {"prompt", "k", "bos"},
+    "layers": {"uses", "ppmi"},
     "generate": {"prompt", "max_new_tokens", "temperature", "top_k", "top_p", "seed", "alternatives"},
 }
 
@@ -343,7 +363,7 @@ def _api_routes(views: LabViews, growth_views: GrowthViews) -> list:
     routes = [route("/api/info", "info", "GET", views, FIELDS), route("/api/positions", "positions", "GET", views, FIELDS),
               route("/api/lesson", "lesson", "GET", views, FIELDS),
               route("/api/lesson/attention", "lesson_attention", "GET", views, FIELDS)]
-    for name in ("params", "token", "compare", "map", "attention", "lens"):
+    for name in ("params", "token", "compare", "map", "attention", "lens", "layers"):
         routes.append(route(f"/api/{name}", name, "POST", views, FIELDS))
     routes.append(route("/api/generate", "generate", "POST", views, FIELDS, stream=True))
     routes += [route(path, name, method, growth_views, lab_growth.FIELDS) for path, name, method in lab_growth.ROUTES]

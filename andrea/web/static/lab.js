@@ -797,6 +797,42 @@ function startGrowth() {
 
 // ---------------------------------------------------------------- start
 
+// ---------------------------------------------------------------- 8. word vectors from the blocks
+
+const LAYER_NAMES = { input: "input table", output: "output head", ppmi: "PPMI" };
+const SET_NAMES = { wordsim353: "WordSim-353", simlex999: "SimLex-999" };
+
+DRAW.layers = () => run("layers", async () => {
+  const r = await api("/api/layers", { uses: intField("layers-uses"), ppmi: $("layers-ppmi").checked });
+  $("layers-note").textContent = `The hidden state after each block at a word's last token, the mean over up to ${r.uses} ` +
+    `uses (windows of ${r.context} tokens), centred over the ${r.words.toLocaleString("en")} words with at least ` +
+    `${r.min_uses} uses; a table's word is the mean of its token rows, the table centred.`;
+  const head = el("tr", {}, el("th", { text: "set" }), el("th", { text: "pairs" }));
+  const names = Object.keys(Object.values(r.sets)[0].scores);
+  const label = (k) => LAYER_NAMES[k] || k;
+  const order = ["input", ...names.filter((k) => k.startsWith("block")), ...names.filter((k) => k !== "input" && !k.startsWith("block"))];
+  for (const k of order) head.append(el("th", { text: label(k) }));
+  const rows = [head];
+  for (const [set, part] of Object.entries(r.sets)) {
+    const ys = order.map((k) => part.scores[k].rho), nulls = order.map((k) => part.scores[k].null);
+    const band = Math.max(...nulls.filter(Number.isFinite), 0);
+    Plotly.react(`layers-${set}`, [{
+      type: "bar", x: order.map(label), y: ys, marker: { color: order.map((k) => (k.startsWith("block") ? "#2563eb" : "#9ca3af")) },
+      hovertemplate: "%{x}<br>ρ = %{y:.3f}<extra></extra>",
+    }], { title: PLOT_TITLE(`${SET_NAMES[set] || set}: ${part.pairs} of ${part.of} pairs (${part.with_several_tokens} with a word of several tokens)`),
+      margin: { l: 50, r: 10, t: 36, b: 60 }, font: FONT, yaxis: { title: { text: "Spearman ρ" }, zeroline: true },
+      shapes: [{ type: "rect", xref: "paper", x0: 0, x1: 1, y0: -band, y1: band, fillcolor: "#9ca3af", opacity: 0.25, line: { width: 0 } }],
+    }, PLOT_CONFIG);
+    const tr = el("tr", { "data-set": set }, el("th", { text: SET_NAMES[set] || set }), el("td", { text: String(part.pairs) }));
+    for (const k of order) {
+      const s = part.scores[k];
+      tr.append(el("td", { text: Number.isFinite(s.rho) ? `${s.rho >= 0 ? "+" : ""}${fmt(s.rho, 3)} ± ${fmt(s.null, 3)}` : "—" }));
+    }
+    rows.push(tr);
+  }
+  $("layers-table").replaceChildren(...rows);
+});
+
 function onSubmit(id, fn) {
   $(id).addEventListener("submit", (ev) => { ev.preventDefault(); fn(); });
 }
@@ -808,6 +844,7 @@ async function start() {
   onSubmit("map-form", DRAW.map);
   onSubmit("attention-form", DRAW.attention);
   onSubmit("lens-form", DRAW.lens);
+  onSubmit("layers-form", DRAW.layers);
   onSubmit("gen-form", generate);
   $("compare-lesson").addEventListener("click", lesson);
   $("growth-heads-kind").addEventListener("change", () => { if (G.heads) drawHeads(G.heads); });
