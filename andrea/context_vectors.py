@@ -15,6 +15,22 @@ token, which has seen the others. `layer_scores` ranks WordSim-353 and SimLex-99
 these vectors, block by block, beside the input table, the output head and PPMI counts (each a
 word's token rows' mean, the table centred on its mean row first), on the same pairs: those whose
 two words have at least MIN_USES uses. Each ρ comes with its n and null spread 1/√(n − 1).
+
+One token, the words it begins: a token such as `␣cat` of a tokenizer that marks only where a word
+begins (version 4 and earlier) is the first piece of cat, cats, category, catholic, … Its row is
+the same in all of them, and a causal model cannot see at `␣cat` how the word goes on; the blocks
+see the words before it. `split_states` takes the token's uses in the training text, names each by
+the word it began (the text from the token to the next token that starts a word, at most
+MAX_PIECES tokens), keeps the commonest SPLIT_WORDS words with at least SPLIT_USES uses and draws
+SPLIT_USES uses of each (seeded), and reads the residual stream at the token itself (a window of
+CONTEXT tokens ending there) at the input and after every block. Per layer:
+
+    between   the share of the states' spread (sum of squared distances to their mean) that lies
+              between the words' means: 0 where every use has the same vector (the input row),
+              1 where the words' uses do not vary within a word; words given at random would
+              score (K − 1)/(n − 1) on average for K words and n uses (`null`)
+    accuracy  leave-one-out nearest mean (Euclidean): the share of uses whose own word's mean,
+              left out, is the nearest; chance 1/K
 """
 
 from __future__ import annotations
@@ -34,6 +50,9 @@ USES = 16  # uses of a word averaged (the held-out text is too small: cat occurs
 CONTEXT = 32  # tokens in each window, ending at the word's last token
 MIN_USES = 4  # a word with fewer uses in the training text is left out of the scores
 BATCH = 128
+SPLIT_USES = 32  # uses drawn per word when one token's uses are grouped by the word each began
+SPLIT_WORDS = 6  # the commonest words kept
+MAX_PIECES = 16  # a word running on longer than this many tokens is left out
 
 
 @dataclass
@@ -137,6 +156,97 @@ def mean_state(model, data, windows: int = 256, context: int = CONTEXT, seed: in
         batch = np.stack([np.asarray(shards[k][p : p + context], dtype=np.int64) for k, p in picks[s : s + BATCH]])
         states.append(last_states(model, torch.from_numpy(batch)).numpy())
     return np.concatenate(states, axis=1).mean(axis=1)
+
+
+def begun_words(shards: list[np.ndarray], token: int, starts: np.ndarray, decode, context: int = CONTEXT
+                ) -> dict[str, list[tuple[int, int]]]:
+    """word: every use (shard, position) of `token` that begins it and has context − 1 tokens before
+    it; the word is decode(the token and those after it up to the next that starts a word, `starts`
+    (V,) bool), stripped of the space before it. A word cut by the shard's end is left out."""
+    found: dict[str, list[tuple[int, int]]] = {}
+    for k, shard in enumerate(shards):
+        tokens = np.asarray(shard)
+        for p in np.flatnonzero(tokens == token):
+            p = int(p)
+            if p < context - 1:
+                continue
+            q = p + 1
+            while q < len(tokens) and q - p <= MAX_PIECES and not starts[tokens[q]]:
+                q += 1
+            if q >= len(tokens) or q - p > MAX_PIECES:
+                continue
+            word = decode([int(t) for t in tokens[p:q]]).strip()
+            found.setdefault(word, []).append((k, p))
+    return found
+
+
+def separation(states: np.ndarray, labels: np.ndarray) -> list[dict]:
+    """Per layer of states (layers, n, d): "between", the share of the spread between the labels'
+    means, and "accuracy", leave-one-out nearest mean (module docstring); labels (n,) ints 0..K−1,
+    each used at least twice."""
+    labels = np.asarray(labels)
+    K, n = int(labels.max()) + 1, len(labels)
+    counts = np.bincount(labels, minlength=K).astype(np.float64)
+    out = []
+    for x in np.asarray(states, dtype=np.float64):
+        means = np.stack([x[labels == g].mean(axis=0) for g in range(K)])
+        total = float(((x - x.mean(axis=0)) ** 2).sum())
+        between = float((counts[:, None] * (means - x.mean(axis=0)) ** 2).sum())
+        scale = float((x ** 2).sum()) or 1.0
+        if total <= 1e-12 * scale:  # one vector for every use: nothing tells the words apart
+            out.append({"between": 0.0, "accuracy": 1.0 / K})
+            continue
+        dist = ((x[:, None, :] - means[None]) ** 2).sum(axis=2)  # (n, K)
+        own = counts[labels]
+        # the distance to one's own word's mean with oneself left out: the mean moves away by 1/(m − 1)
+        dist[np.arange(n), labels] *= (own / (own - 1)) ** 2
+        out.append({"between": between / total, "accuracy": float((dist.argmin(axis=1) == labels).mean())})
+    return out
+
+
+@torch.no_grad()
+def split_states(model, tokenizer, data, token: str, per_word: int = SPLIT_USES, words: int = SPLIT_WORDS,
+                 context: int = CONTEXT, seed: int = 0, log=None) -> dict:
+    """One token's uses in `data`'s training text grouped by the word each began, and how far the
+    input row and each block's output at the token tell the words apart (module docstring)."""
+    from andrea.usage import starts_word
+
+    ids = tokenizer.encode(token, bos=False)
+    if len(ids) != 1:
+        raise AndreaError(f"{token!r} is {len(ids)} tokens of this tokenizer, not one.")
+    if per_word < 2 or words < 2:
+        raise AndreaError(f"grouping needs at least 2 uses of at least 2 words; got {per_word} and {words}.")
+    context = min(context, model.config.block_size)
+    shards = _shards(data)
+    found = begun_words(shards, ids[0], starts_word(tokenizer), tokenizer.decode, context)
+    ranked = sorted(found.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+    kept = [(w, uses) for w, uses in ranked if len(uses) >= per_word][:words]
+    out = {"token": token, "id": ids[0], "uses": sum(len(u) for u in found.values()), "context": context,
+           "per_word": per_word, "found": [{"word": w, "uses": len(u)} for w, u in ranked[:12]],
+           "words": [w for w, _ in kept]}
+    if len(kept) < 2:
+        raise AndreaError(f"{token!r} begins {len(kept)} word(s) with at least {per_word} uses in the training text "
+                          f"({len(found)} words in all): nothing to tell apart.")
+    picks, labels = [], []
+    for g, (w, uses) in enumerate(kept):
+        rng = np.random.default_rng([seed, zlib.crc32(w.encode("utf-8"))])
+        picks += [uses[i] for i in sorted(rng.choice(len(uses), size=per_word, replace=False))]
+        labels += [g] * per_word
+    if log:
+        log(f"{token!r}: {out['uses']:,} uses beginning {len(found):,} words; {per_word} uses each of {len(kept)}")
+    layers = []
+    for s in range(0, len(picks), BATCH):
+        windows = torch.from_numpy(np.stack([np.asarray(shards[k][p - context + 1 : p + 1], dtype=np.int64)
+                                             for k, p in picks[s : s + BATCH]]))
+        x = model.embed(windows.to(model.wte.weight.device))[:, -1].double().cpu()
+        layers.append(torch.cat([x[None], last_states(model, windows)]).numpy())
+    states = np.concatenate(layers, axis=1)
+    names = ["input"] + [f"block {i + 1}" for i in range(model.config.n_layer)]
+    n, K = len(labels), len(kept)
+    out["layers"] = [{"layer": name, **r} for name, r in zip(names, separation(states, np.array(labels)))]
+    out["null"] = (K - 1) / (n - 1)
+    out["chance"] = 1 / K
+    return out
 
 
 def _rows_mean(table: np.ndarray, ids: list[int]) -> np.ndarray:

@@ -72,6 +72,13 @@ class MainJob:
                 out[key] = getattr(self, key)
         return out
 
+    def options(self, shape: dict, block_size: int) -> TrainConfig:
+        """How the job trains in `shape` (`shape(device)`) a model of this context."""
+        return TrainConfig(**self.train_settings(), batch_size=shape["batch_size"], seq_len=min(shape["seq_len"], block_size),
+                           time_limit=None if self.steps else self.minutes * 60, max_steps=self.steps,
+                           eval_every=shape["eval_every"], patience=shape["patience"], checkpoint_every=100, seed=self.seed,
+                           sampling=self.sampling, eval_windows=16, audit={"enabled": False}, compile=self.compile)
+
     def train_settings(self) -> dict:
         """The recipe's settings of RECIPE_SETTINGS, with lr replaced when one is given."""
         out = {"recipe": self.recipe, **RECIPE_SETTINGS[self.recipe]}
@@ -206,10 +213,7 @@ def run_main_job(job: MainJob, log=print) -> dict:
     out = Path(job.out) if job.out else Path("runs") / time.strftime("main-%Y%m%d-%H%M%S")
     budget = f"{job.steps:,} steps" if job.steps else f"at most {job.minutes:g} minutes"
     log(f"4/4 training {shape['preset']} (V {cfg.vocab_size:,}) at {shape['batch_size']} x {shape['seq_len']} for {budget} into {out}")
-    opts = TrainConfig(**job.train_settings(), batch_size=shape["batch_size"], seq_len=min(shape["seq_len"], cfg.block_size),
-                       time_limit=None if job.steps else job.minutes * 60, max_steps=job.steps, eval_every=shape["eval_every"], patience=shape["patience"],
-                       checkpoint_every=100, seed=job.seed, sampling=job.sampling, eval_windows=16,
-                       audit={"enabled": False}, compile=job.compile)
+    opts = job.options(shape, cfg.block_size)
     result = train(cfg, opts, data_dir, out, log=log)
 
     best = out / "best.safetensors"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import zlib
 
 import numpy as np
 import pytest
@@ -10,8 +11,19 @@ import torch
 from helpers import WORDS, opts, tiny_config
 
 from andrea.cli import main
-from andrea.context_vectors import BlockVectors, best_layer, block_vectors, find_uses, last_states, layer_scores
+from andrea.context_vectors import (
+    BlockVectors,
+    begun_words,
+    best_layer,
+    block_vectors,
+    find_uses,
+    last_states,
+    layer_scores,
+    separation,
+    split_states,
+)
 from andrea.embed import residual_stream
+from andrea.errors import AndreaError
 from andrea.model import ANDREA
 from andrea.shards import TokenData
 from andrea.train import train
@@ -117,3 +129,94 @@ def test_the_command_prints_every_block_or_one_and_refuses_a_block_out_of_range(
     assert main(["embed", "similarity", "--checkpoint", str(run), "--layer", "3"]) == 2
     err = capsys.readouterr().err
     assert "from 1 to 2" in err and "Traceback" not in err and err.count("\n") == 1
+
+
+def test_begun_words_names_each_use_by_the_word_it_began():
+    # tokens: 1 "␣cat", 2 "s", 3 "egory", 4 "␣", 5 "the", 6 "."; 2 and 3 go on with the word before them
+    pieces = {1: " cat", 2: "s", 3: "egory", 4: " ", 5: "the", 6: "."}
+    starts = np.array([True, True, False, False, True, True, True])
+    #                 0  1  2  3  4  5  6  7  8  9 10 11 12
+    shard = np.array([5, 1, 4, 5, 1, 2, 4, 1, 3, 6, 5, 1, 2], dtype=np.uint16)
+    found = begun_words([shard], 1, starts, lambda ids: "".join(pieces[i] for i in ids), context=2)
+    # at 1: cat (then ␣); at 4: cats; at 7: category (then .); at 11: cut by the shard's end
+    assert found == {"cat": [(0, 1)], "cats": [(0, 4)], "category": [(0, 7)]}
+    assert begun_words([shard], 1, starts, lambda ids: "", context=3) == {"": [(0, 4), (0, 7)]}  # room for context
+
+
+def test_separation_is_zero_for_one_vector_one_for_words_that_never_vary_and_chance_between():
+    labels = np.repeat(np.arange(3), 4)
+    same = np.ones((1, 12, 5))
+    apart = np.eye(3, 5)[labels][None] * 2.0
+    rng = np.random.default_rng(0)
+    noise = rng.normal(size=(400, 12, 5))
+    r = separation(np.concatenate([same, apart]), labels)
+    assert r[0] == {"between": 0.0, "accuracy": pytest.approx(1 / 3)}
+    assert r[1]["between"] == pytest.approx(1.0) and r[1]["accuracy"] == 1.0
+    noisy = separation(noise, labels)
+    # words given at random: (K − 1)/(n − 1) of the spread between them on average, and chance naming
+    assert np.mean([x["between"] for x in noisy]) == pytest.approx(2 / 11, abs=0.02)
+    assert np.mean([x["accuracy"] for x in noisy]) < 1 / 3 + 0.05
+    # the left-out mean: one use far from its word's two others is nearer another word's mean
+    x = np.array([[[0.0], [0.1], [1.0], [1.1], [0.9]]])
+    assert separation(x, np.array([0, 0, 1, 1, 1]))[0]["accuracy"] == 1.0
+    assert separation(x, np.array([0, 0, 0, 1, 1]))[0]["accuracy"] < 1.0
+
+
+def busiest(tok, data) -> int:
+    """The token beginning the most words with 4 uses each in the synthetic text."""
+    from andrea.usage import starts_word
+
+    shards = [s for src in data.sources.values() for s in src.train.shards]
+    starts = starts_word(tok)
+    return max((i for i in range(tok.vocab_size) if i != 256), key=lambda i: sum(
+        len(u) >= 4 for u in begun_words(shards, i, starts, tok.decode, 8).values()))
+
+
+def test_split_states_reads_the_token_itself_at_the_input_and_after_every_block(run, data_dir):
+    from andrea.checkpoint import load_model
+    from andrea.usage import starts_word
+
+    model, tok, _ = load_model(run)
+    data = TokenData(data_dir)
+    shards = [s for src in data.sources.values() for s in src.train.shards]
+    starts = starts_word(tok)
+    best = busiest(tok, data)
+    r = split_states(model.eval(), tok, data, tok.decode([best]), per_word=4, words=3, context=8)
+    K = len(r["words"])
+    assert r["id"] == best and K >= 2 and [x["layer"] for x in r["layers"]] == ["input", "block 1", "block 2"]
+    assert r["layers"][0]["between"] == 0.0  # the same row and position in every use: no word told apart
+    assert r["null"] == pytest.approx((K - 1) / (4 * K - 1)) and r["chance"] == pytest.approx(1 / K)
+    # block 1's figure from the same uses read through the model's own residual stream
+    found = begun_words(shards, best, starts, tok.decode, 8)
+    states, labels = [], []
+    for g, w in enumerate(r["words"]):
+        rng = np.random.default_rng([0, zlib.crc32(w.encode("utf-8"))])
+        for i in sorted(rng.choice(len(found[w]), size=4, replace=False)):
+            k, p = found[w][i]
+            stream = residual_stream(model, [int(t) for t in shards[k][p - 7 : p + 1]])
+            states.append([s[0, -1].double().numpy() for s in stream])
+            labels.append(g)
+    expected = separation(np.stack(states, axis=1), np.array(labels))
+    for got, want in zip(r["layers"][1:], expected[1:]):
+        assert got["between"] == pytest.approx(want["between"], rel=1e-4) and got["accuracy"] == want["accuracy"]
+    with pytest.raises(AndreaError, match="not one"):
+        split_states(model, tok, data, " zzzqqq zzz", per_word=4)
+
+
+def test_the_split_command_prints_each_layer_and_refuses_a_token_in_pieces(run, data_dir, capsys):
+    from andrea.checkpoint import load_model
+
+    _, tok, _ = load_model(run)
+    text = tok.decode([busiest(tok, TokenData(data_dir))])
+    bare = [] if text.startswith(" ") else ["--bare"]
+    assert main(["embed", "split", text, *bare, "--checkpoint", str(run), "--uses", "4", "--words", "2",
+                 "--context", "8", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert [x["layer"] for x in r["layers"]] == ["input", "block 1", "block 2"] and r["per_word"] == 4
+    assert len(r["words"]) == 2 and r["token"] == text
+    assert main(["embed", "split", text, *bare, "--checkpoint", str(run), "--uses", "4", "--context", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "between words" in out and "block 2" in out and "named right" in out
+    assert main(["embed", "split", "zzzqqq", "--checkpoint", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "not one" in err and "Traceback" not in err and err.count("\n") == 1

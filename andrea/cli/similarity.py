@@ -1,4 +1,5 @@
-"""`andrea embed similarity` (the standard scores) and `andrea embed timeline` (the tables learning)."""
+"""`andrea embed similarity` (the standard scores), `andrea embed timeline` (the tables learning) and
+`andrea embed split` (what the blocks make of one token in the words it begins)."""
 
 from __future__ import annotations
 
@@ -103,6 +104,45 @@ def _layers(args, model, tok, sets) -> int:
     return 0
 
 
+def cmd_split(args) -> int:
+    """One token's uses grouped by the word each began, told apart layer by layer (andrea.context_vectors)."""
+    from andrea.context_vectors import CONTEXT, SPLIT_USES, SPLIT_WORDS, split_states
+    from andrea.embed import load_subject
+    from andrea.errors import AndreaError
+
+    check_source(args)
+    if not args.checkpoint and not args.data:
+        raise AndreaError("split reads a token's uses in training text: give a run's --checkpoint, or --data DIR.")
+    subject = load_subject(args.checkpoint, args.preset, args.seed, args.tokenizer)
+    model, tok = subject.model.eval(), subject.tokenizer
+    token = args.token if args.token.startswith(" ") or args.bare else " " + args.token
+    per_word = SPLIT_USES if args.uses is None else args.uses
+    words = SPLIT_WORDS if args.words is None else args.words
+    context = CONTEXT if args.context is None else args.context
+    if context < 2:
+        raise AndreaError(f"--context must be at least 2; got {context}.")
+    data = _ppmi_data(args)
+    if data.vocab_size != model.config.vocab_size:
+        raise AndreaError(f"the shards in {data.dir} have V = {data.vocab_size:,}, the model {model.config.vocab_size:,}.")
+    log = None if args.json else (lambda m: print(m, file=sys.stderr))
+    r = split_states(model, tok, data, token, per_word, words, context, log=log)
+    r["model"] = subject.name
+    if args.json:
+        print_json(r)
+        return 0
+    shown = ", ".join(f"{w['word']} {w['uses']:,}" for w in r["found"])
+    print(f"{r['token'].replace(' ', '␣')} (id {r['id']}) in {subject.name}: {r['uses']:,} uses in the training text; "
+          f"the words it began, commonest first: {shown}")
+    print(f"{r['per_word']} uses each of {', '.join(r['words'])}; the state at the token itself, in windows of "
+          f"{r['context']} tokens ending there")
+    print(f"\n{'layer':<10} {'between words':>14} {'named right':>12}")
+    for row in r["layers"]:
+        print(f"{row['layer']:<10} {row['between']:>14.3f} {100 * row['accuracy']:>11.1f}%")
+    print(f"\nbetween words: the share of the states' spread between the words' means (words given at random: "
+          f"{r['null']:.3f}); named right: leave-one-out nearest mean (chance {100 * r['chance']:.1f}%)")
+    return 0
+
+
 def print_report(r: dict) -> None:
     print(f"model: {r.get('model', '')}  (d {r['d']}; random rows at init: cos θ 0 ± {r['init_band']:.3f})")
     for name, c in r["coverage"].items():
@@ -172,7 +212,7 @@ def cmd_timeline(args) -> int:
 
 
 def register_embed(esub, common) -> None:
-    """Add `similarity` and `timeline` to `andrea embed`."""
+    """Add `similarity`, `split` and `timeline` to `andrea embed`."""
     s = esub.add_parser("similarity", parents=[common], help="word similarity scores: SimLex-999 and WordSim-353 ρ, "
                         "analogies, mean cosine, the lesson's pairs; optionally beside a PPMI reference",
                         description="Score the input table (wte) and the output head (lm_head), raw and with their "
@@ -193,6 +233,25 @@ def register_embed(esub, common) -> None:
     s.add_argument("--context", type=int, metavar="T", help="--layer: tokens in each use's window, ending at the word "
                    "(default: andrea.context_vectors.CONTEXT)")
     s.set_defaults(func=cmd_similarity)
+    p = esub.add_parser("split", parents=[common], help="one token's uses grouped by the word each began (cat, cats, "
+                        "category, …): how far the input row and each block tell the words apart",
+                        description="Take the token's uses in the run's training text, name each by the word it "
+                                    "began (up to the next token that starts a word), keep the commonest words and "
+                                    "read the residual stream at the token itself, at the input and after each "
+                                    "block. Per layer: the share of the states' spread that lies between the words "
+                                    "(beside what words given at random would score) and how often a use's nearest "
+                                    "word mean is its own (beside chance). The input row is the same in every word; "
+                                    "a causal model sees only the words before. Example: andrea embed split cat "
+                                    "--checkpoint runs/a")
+    p.add_argument("token", help="the token, in its word-initial form (with the space before it) unless --bare")
+    p.add_argument("--bare", action="store_true", help="look the token up as typed, without the leading space")
+    p.add_argument("--data", metavar="DIR", help="the data folder to read uses from (default: the one the run trained on)")
+    p.add_argument("--uses", type=int, metavar="N", help="uses drawn per word (default: andrea.context_vectors.SPLIT_USES)")
+    p.add_argument("--words", type=int, metavar="K", help="the commonest words kept (default: "
+                   "andrea.context_vectors.SPLIT_WORDS)")
+    p.add_argument("--context", type=int, metavar="T", help="tokens in each window, ending at the token (default: "
+                   "andrea.context_vectors.CONTEXT, at most the model's context)")
+    p.set_defaults(func=cmd_split)
     run = argparse.ArgumentParser(add_help=False)  # a timeline is read from a run: no preset, seed or tokenizer
     run.add_argument("--checkpoint", required=True, help="a run folder (or a checkpoint in one) that kept snapshots")
     run.add_argument("--json", action="store_true", help="machine-readable output")

@@ -456,7 +456,7 @@ def train_tokenizer(texts, n_segments: int, weights=None, min_count: int = 2, wo
                     progress: bool = False, version: int = TRAINER_VERSION, reserve=()) -> HarrisTokenizer:
     """Find n_segments segments in texts, a list of documents or one string (module docstring,
     "Training"). weights, one number per document, says how much each counts (a curriculum's
-    source weights); None counts each once. version is how segments are selected: 4 (the
+    source weights); None counts each once. version is how segments are selected: 5 (the
     default) also marks word ends, so a word's token is that word alone; 4 scores each segment by
     what its absence really costs; 3 selects as earlier releases did. 3 and 4 reproduce their
     tokenizers, and every version's result encodes by the one rule. `reserve` (version 5) lists
