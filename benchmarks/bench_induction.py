@@ -1,13 +1,16 @@
 """When does an induction head form? A small model watched while it trains.
 
-Trains a 2-block model (d 64, 4 heads, context 128, batch 4 × 128, the main job's recipe v3 with
-its own warm-up and decay) for a fixed number of minutes per seed, with snapshots on, so the run
-scores what each head attends to at steps 0, 1, 2, 4, … and at every evaluation (andrea.heads,
-kept in metrics.jsonl). Reports per seed: the step and the tokens at which the best induction score
+Trains a 2-block model (d 64, 2 heads of 32, context 128, batch 4 × 128, the main job's recipe v3
+with its own warm-up and decay) for a fixed number of minutes per seed, with snapshots on, so the
+run scores what each head attends to at steps 0, 1, 2, 4, … and at every evaluation (andrea.heads,
+kept in metrics.jsonl; on sequences of the most used segments). Two heads a block, not four: an
+induction head is one head doing one job, and with four narrower heads the copying spreads over
+several of them. Reports per seed: the step and the tokens at which the best induction score
 first passes 0.3 (or "not yet", with the best reached), the previous-token score there, and whether
 the loss shows a bump: the smoothed training loss's fall over the steps just before and just after
-the crossing (an induction head brings a faster fall, Olsson et al. 2022). Then the main job's
-model, scored the same way (its runs predate the kept scores: the final checkpoint only).
+the crossing (an induction head brings a faster fall, Olsson et al. 2022); and the final model's
+best induction score on sequences drawn from every segment, rare ones included. Then the main
+job's model, scored the same way (its runs predate the kept scores: the final checkpoint only).
 
 The data (--data):
   repeats  (default) documents made from the main job's training text: a passage of 8 to 32 of its
@@ -38,7 +41,7 @@ from common import REPO, machine_line, main_job_data, md_table, say
 from andrea.checkpoint import load_model
 from andrea.config import ModelConfig, count_params
 from andrea.errors import AndreaError
-from andrea.heads import PRESENT, score_heads
+from andrea.heads import COMMON, PRESENT, score_heads
 from andrea.mainjob_settings import MAIN_SEGMENTS, RECIPE_SETTINGS
 from andrea.metrics import read_metrics
 from andrea.prepare import prepare
@@ -46,7 +49,7 @@ from andrea.shards import TokenData
 from andrea.train import train
 from andrea.trainconfig import TrainConfig
 
-D, HEADS, LAYERS, CONTEXT, BATCH = 64, 4, 2, 128, 4
+D, HEADS, LAYERS, CONTEXT, BATCH = 64, 2, 2, 128, 4
 RECIPE = "v3"  # the main job's recipe, with its peak rate, warm-up and decay
 COPIES, SHORTEST, LONGEST, DOCS = 3, 8, 32, 150_000  # the repeats data: a passage of 8-32 tokens, three times
 WINDOW = 100  # steps of loss compared before and after the crossing
@@ -120,14 +123,17 @@ def main() -> int:
         steps = max(r["step"] for r in rows if "loss" in r)
         first, best, best_step = crossing(rows)
         prev = next((r["heads"]["best"]["previous"] for r in rows if "heads" in r and r["step"] == first), None)
+        model, _, _ = load_model(run)
+        every = score_heads(model.eval(), common=None)["best"]["induction"]
         if first is None:
             rows_out.append([seed, f"{steps:,}", f"{steps * BATCH * CONTEXT / 1e6:.2f} M", "not yet",
-                             f"{best:.2f} (step {best_step:,})", "", "", ""])
+                             f"{best:.2f} (step {best_step:,})", "", "", "", f"{every:.2f}"])
             continue
         before, after = loss_fall(rows, first)
         rows_out.append([seed, f"{steps:,}", f"{steps * BATCH * CONTEXT / 1e6:.2f} M", f"{first:,}",
                          f"{best:.2f} (step {best_step:,})", f"{first * BATCH * CONTEXT / 1e6:.2f} M",
-                         f"{prev:.2f}", f"{before:.3f} / {after:.3f}: " + ("faster after" if after > before else "not faster")])
+                         f"{prev:.2f}", f"{before:.3f} / {after:.3f}: " + ("faster after" if after > before else "not faster"),
+                         f"{every:.2f}"])
     main_rows = []
     for ckpt in sorted((REPO / "runs" / "main-corpus").glob(f"segments-{MAIN_SEGMENTS}-seed-*")):
         model, _, c = load_model(ckpt)
@@ -139,12 +145,16 @@ def main() -> int:
     print(f"model: d {D}, {HEADS} heads, {LAYERS} blocks, context {CONTEXT}, V {V:,} ({count_params(cfg):,} parameters; "
           f"positions {args.pos}, recipe {RECIPE} as the main job sets it), data {args.data}, batch {BATCH} × {CONTEXT} = {BATCH * CONTEXT} tokens a step, "
           f"{args.minutes:g} minutes a seed; heads scored at steps 0, 1, 2, 4, … and every "
-          f"250 (andrea.heads: mean attention weight on BOS + r + r, a kind present above {PRESENT}). Loss fall: the "
+          f"250 (andrea.heads: mean attention weight on BOS + r + r, r drawn from the {COMMON:,} most used segments, a kind "
+          f"present above {PRESENT}). Loss fall: the "
           f"smoothed training loss's fall over the {WINDOW} steps before the crossing / the {WINDOW} after. "
           f"{time.time() - start:.0f} s in all ({'; '.join(notes)}).")
     print()
     print(md_table(["seed", "steps", "tokens", "induction > 0.3 at step", "best induction", "tokens then",
-                    "previous-token then", "loss fall before / after"], rows_out))
+                    "previous-token then", "loss fall before / after", "at the end, r of every segment"], rows_out))
+    if not main_rows:
+        print()
+        print("The main job's model: no final checkpoint in runs/main-corpus to score (the main job makes them).")
     if main_rows:
         print()
         print("The main job's model (15 minutes, batch 16 × 256), its final checkpoint:")
