@@ -18,7 +18,7 @@ def _rho(s: dict) -> str:
     return f"{s['rho']:+.3f} ± {s['null']:.3f} (n {s['n']:>4})"
 
 
-def _ppmi_data(args):
+def _run_data(args, purpose: str = "for the PPMI reference"):
     """--data, else the data folder the run recorded in its train.json (andrea.usage.run_data)."""
     from andrea.errors import AndreaError
     from andrea.shards import TokenData
@@ -28,7 +28,7 @@ def _ppmi_data(args):
         return TokenData(args.data)
     data, why = run_data(args.checkpoint)
     if data is None:
-        raise AndreaError(f"{why}; give --data DIR for the PPMI reference.")
+        raise AndreaError(f"{why}; give --data DIR {purpose}.")
     return data
 
 
@@ -53,7 +53,7 @@ def cmd_similarity(args) -> int:
         return _layers(args, model, tok, sets)
     tables = model_tables(model)
     if args.ppmi:
-        data = _ppmi_data(args)
+        data = _run_data(args)
         if data.vocab_size != V or (hasattr(tok, "fingerprint") and data.manifest["tokenizer"] != tok.fingerprint()):
             raise AndreaError(f"the shards in {data.dir} were made by another tokenizer than this model's (V = "
                               f"{data.vocab_size:,} there, {V:,} here): PPMI must count the model's own tokens.")
@@ -85,7 +85,7 @@ def _layers(args, model, tok, sets) -> int:
         raise AndreaError("--layer averages a word's hidden states over its uses in training text: give a run's "
                           "--checkpoint, or --data DIR.")
     log = None if args.json else (lambda m: print(m, file=sys.stderr))
-    r = score_layers(model, tok, _ppmi_data(args), sets, uses, context, args.ppmi, log=log)
+    r = score_layers(model, tok, _run_data(args, "to average the words' uses from"), sets, uses, context, args.ppmi, log=log)
     if args.layer != "all":
         keep = f"block {args.layer}"
         for part in r["sets"].values():
@@ -121,7 +121,7 @@ def cmd_split(args) -> int:
     context = CONTEXT if args.context is None else args.context
     if context < 2:
         raise AndreaError(f"--context must be at least 2; got {context}.")
-    data = _ppmi_data(args)
+    data = _run_data(args, "to read the token's uses from")
     if data.vocab_size != model.config.vocab_size:
         raise AndreaError(f"the shards in {data.dir} have V = {data.vocab_size:,}, the model {model.config.vocab_size:,}.")
     log = None if args.json else (lambda m: print(m, file=sys.stderr))
