@@ -102,10 +102,11 @@ def find_uses(shards: list[np.ndarray], words: dict[str, list[int]], ends: np.nd
 
 
 @torch.no_grad()
-def last_states(model, windows: torch.Tensor) -> torch.Tensor:
-    """(L, n, d): the residual stream after each block at each window's last position."""
+def last_states(model, windows: torch.Tensor, inputs: bool = False) -> torch.Tensor:
+    """(L, n, d): the residual stream after each block at each window's last position; with
+    inputs, (L + 1, n, d), what enters block 1 first."""
     x = model.embed(windows.to(model.wte.weight.device))
-    out = []
+    out = [x[:, -1].double().cpu()] if inputs else []
     for block in model.h:
         x = block(x, model.rope)
         out.append(x[:, -1].double().cpu())
@@ -216,6 +217,8 @@ def split_states(model, tokenizer, data, token: str, per_word: int = SPLIT_USES,
         raise AndreaError(f"{token!r} is {len(ids)} tokens of this tokenizer, not one.")
     if per_word < 2 or words < 2:
         raise AndreaError(f"grouping needs at least 2 uses of at least 2 words; got {per_word} and {words}.")
+    if data.vocab_size != model.config.vocab_size:
+        raise AndreaError(f"the shards in {data.dir} have V = {data.vocab_size:,}, the model {model.config.vocab_size:,}.")
     context = min(context, model.config.block_size)
     shards = _shards(data)
     found = begun_words(shards, ids[0], starts_word(tokenizer), tokenizer.decode, context)
@@ -238,8 +241,7 @@ def split_states(model, tokenizer, data, token: str, per_word: int = SPLIT_USES,
     for s in range(0, len(picks), BATCH):
         windows = torch.from_numpy(np.stack([np.asarray(shards[k][p - context + 1 : p + 1], dtype=np.int64)
                                              for k, p in picks[s : s + BATCH]]))
-        x = model.embed(windows.to(model.wte.weight.device))[:, -1].double().cpu()
-        layers.append(torch.cat([x[None], last_states(model, windows)]).numpy())
+        layers.append(last_states(model, windows, inputs=True).numpy())
     states = np.concatenate(layers, axis=1)
     names = ["input"] + [f"block {i + 1}" for i in range(model.config.n_layer)]
     n, K = len(labels), len(kept)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import zlib
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -201,6 +202,9 @@ def test_split_states_reads_the_token_itself_at_the_input_and_after_every_block(
         assert got["between"] == pytest.approx(want["between"], rel=1e-4) and got["accuracy"] == want["accuracy"]
     with pytest.raises(AndreaError, match="not one"):
         split_states(model, tok, data, " zzzqqq zzz", per_word=4)
+    other = SimpleNamespace(vocab_size=tok.vocab_size + 1, dir="elsewhere")
+    with pytest.raises(AndreaError, match="have V"):
+        split_states(model, tok, other, tok.decode([best]), per_word=4)
 
 
 def test_the_split_command_prints_each_layer_and_refuses_a_token_in_pieces(run, data_dir, capsys):

@@ -122,8 +122,6 @@ def cmd_split(args) -> int:
     if context < 2:
         raise AndreaError(f"--context must be at least 2; got {context}.")
     data = _run_data(args, "to read the token's uses from")
-    if data.vocab_size != model.config.vocab_size:
-        raise AndreaError(f"the shards in {data.dir} have V = {data.vocab_size:,}, the model {model.config.vocab_size:,}.")
     log = None if args.json else (lambda m: print(m, file=sys.stderr))
     r = split_states(model, tok, data, token, per_word, words, context, log=log)
     r["model"] = subject.name

@@ -795,9 +795,7 @@ function startGrowth() {
   onSubmit("growth-pairs-form", redraw(true));
 }
 
-// ---------------------------------------------------------------- start
-
-// ---------------------------------------------------------------- 8. word vectors from the blocks
+// ---------------------------------------------------------------- 10. word vectors from the blocks
 
 const LAYER_NAMES = { input: "input table", output: "output head", ppmi: "PPMI" };
 const SET_NAMES = { wordsim353: "WordSim-353", simlex999: "SimLex-999" };
@@ -832,6 +830,8 @@ DRAW.layers = () => run("layers", async () => {
   }
   $("layers-table").replaceChildren(...rows);
 });
+
+// ---------------------------------------------------------------- start
 
 function onSubmit(id, fn) {
   $(id).addEventListener("submit", (ev) => { ev.preventDefault(); fn(); });
