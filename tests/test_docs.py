@@ -151,6 +151,38 @@ def test_quoted_figures_appear_in_the_benchmark_section_they_cite(doc):
     assert not missing, f"{doc.name}: figures not in the cited sections: {missing}"
 
 
+def quoting_documents(docs) -> dict[str, set[str]]:
+    """{BENCHMARKS anchor: names of the documents with a paragraph that cites it and quotes one of
+    its figures}."""
+    sections, out = benchmark_sections(), {}
+    for doc in docs:
+        for text, targets in quoting_paragraphs(doc):
+            figures = {normal(f) for f in FIGURE.findall(re.sub(r"\]\([^)]*\)", "]", text))}
+            for t in targets:
+                body = sections.get(t, "").replace("−", "-")
+                if any(f in body for f in figures):
+                    out.setdefault(t, set()).add(doc.name)
+    return out
+
+
+def test_a_remeasurement_touches_at_most_one_document_beside_benchmarks():
+    """A section's figures are quoted by at most one document (README.md or a docs page); the others
+    link to it without figures, so re-running its script changes BENCHMARKS.md and that one."""
+    shared = {t: sorted(names) for t, names in quoting_documents([d for d in DOCS if d.name != "history.md"]).items()
+              if len(names) > 1}
+    assert not shared, f"sections whose figures several documents quote: {shared}"
+
+
+def test_the_one_quoter_check_can_fail(tmp_path):
+    section = benchmark_sections()["the-main-job-andrea-main"]
+    figure = FIGURE.findall(section.replace("−", "-"))[0]
+    docs = []
+    for name in ("a.md", "b.md"):
+        (tmp_path / name).write_text(f"It measured {figure} ([bench](BENCHMARKS.md#the-main-job-andrea-main)).\n")
+        docs.append(tmp_path / name)
+    assert quoting_documents(docs) == {"the-main-job-andrea-main": {"a.md", "b.md"}}
+
+
 def test_measured_figures_in_the_readme_cite_their_section():
     """A figure with two or more decimals is a measurement: its paragraph must cite BENCHMARKS.md."""
     quoted = {text for text, _ in quoting_paragraphs(ROOT / "README.md")}
