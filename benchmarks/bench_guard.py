@@ -1,13 +1,14 @@
 """What the state checks of training cost, beside the training step they guard.
 
-A training step (forward, cross-entropy, backward, fused AdamW step) is timed side by side with
+A training step (forward, cross-entropy, backward, optimizer step) is timed side by side with
   after-step    the check after every optimizer step: every weight finite, one synchronisation
-  before-save   the check before every checkpoint: weights and Adam's moments finite, and the
+  before-save   the check before every checkpoint: weights and the optimizer's state finite, and the
                 model's loss on one validation window (one forward pass of one sequence)
-on the same model, in alternating rounds so that both share the machine's conditions; the best
+on the same model (the main job's recipe and optimizer unless --recipe says otherwise), in
+alternating rounds so that both share the machine's conditions; the best
 round of each is reported, and the ratios to the step.
 
-    .venv/bin/python benchmarks/bench_guard.py [--preset andrea-cpu] [--batch 16] [--seq 256] [--device cpu]
+    .venv/bin/python benchmarks/bench_guard.py [--preset andrea-cpu] [--batch 16] [--seq 256] [--recipe v3] [--device cpu]
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from andrea.config import PRESETS  # noqa: E402
 from andrea.distributed import all_finite as _finite  # noqa: E402
+from andrea.mainjob_settings import MAIN_RECIPE, RECIPE_SETTINGS  # noqa: E402
 from andrea.model import ANDREA  # noqa: E402
 from andrea.optim import make_optimizer  # noqa: E402
 
@@ -47,13 +49,14 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--recipe", choices=sorted(RECIPE_SETTINGS), default=MAIN_RECIPE)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args()
     device = torch.device(args.device)
     cfg = PRESETS[args.preset]
     torch.manual_seed(0)
     model = ANDREA(cfg).to(device)
-    opt = make_optimizer(model, "v2", 1e-3, 0.1, device)
+    opt = make_optimizer(model, args.recipe, RECIPE_SETTINGS[args.recipe]["lr"], 0.1, device)
     ids = torch.randint(0, cfg.vocab_size, (args.batch, args.seq + 1), device=device)
     probe = ids[:1]
 
@@ -85,8 +88,9 @@ def main() -> None:
         times["before-save"].append(best_time(before_save, device, 3))
     best = {k: min(v) for k, v in times.items()}
     params = sum(p.numel() for p in model.parameters())
-    print(f"{args.preset} ({params:,} parameters), batch {args.batch} × {args.seq}, {device.type}, "
+    print(f"{args.preset} ({params:,} parameters), batch {args.batch} × {args.seq}, recipe {args.recipe}, {device.type}, "
           f"{torch.get_num_threads()} threads")
+    print()
     print("| what | best time | × of a step |")
     print("|---|---:|---:|")
     for name, t in best.items():

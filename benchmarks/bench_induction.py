@@ -7,22 +7,28 @@ kept in metrics.jsonl; on sequences of the most used segments). Two heads a bloc
 induction head is one head doing one job, and with four narrower heads the copying spreads over
 several of them. Reports per seed: the step and the tokens at which the best induction score
 first passes 0.3 (or "not yet", with the best reached), the previous-token score there, and whether
-the loss shows a bump: the smoothed training loss's fall over the steps just before and just after
-the crossing (an induction head brings a faster fall, Olsson et al. 2022); and the final model's
+the loss shows a bump: the smoothed training loss's fall over the WINDOW steps up to the crossing
+against its fall over the WINDOW steps before those (an induction head brings a sudden fall, Olsson
+et al. 2022; heads are scored every 250 steps, so the head formed somewhere in the window up to the
+crossing; a bump where that fall is BUMP times the earlier one or more); and the final model's
 best induction score on sequences drawn from every segment, rare ones included. Then the main
 job's model, scored the same way (its runs predate the kept scores: the final checkpoint only).
 
 The data (--data):
   repeats  (default) documents made from the main job's training text: a passage of 8 to 32 of its
            tokens, decoded, written three times in a row (BOS + p + p + p), prepared with the main
-           job's tokenizer into runs/bench-induction/repeats; copying from context pays on two
-           thirds of every document, as it does on the random sequences the heads are scored on
+           job's tokenizer into runs/bench-induction/repeats-8-32; copying from context pays on two
+           thirds of every document, as it does on the random sequences the heads are scored on.
+           The longest passage is the scored r's length (andrea.heads says why it is 32): a head
+           learns the distances it is shown. In exploratory runs, with passages of 8 to 63 one seed
+           formed no head in 13,650 steps; in a context of 64 with passages of 8 to 31, none in 10,000.
   main     the main job's shards as they are
 The positions (--pos): `rope` (default) or `learned`, the family's own position table, which
 must learn what "the token before" is before a previous-token head can form.
 
     .venv/bin/python benchmarks/bench_induction.py                   # 3 seeds × 12 minutes
     .venv/bin/python benchmarks/bench_induction.py --minutes 1 --seeds 1 --pos learned
+    .venv/bin/python benchmarks/bench_induction.py --report          # the kept runs, reported again
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from common import REPO, machine_line, main_job_data, md_table, say
 from andrea.checkpoint import load_model
 from andrea.config import ModelConfig, count_params
 from andrea.errors import AndreaError
-from andrea.heads import COMMON, PRESENT, score_heads
+from andrea.heads import COMMON, PRESENT, score_heads, sequence_length
 from andrea.mainjob_settings import MAIN_SEGMENTS, RECIPE_SETTINGS
 from andrea.metrics import read_metrics
 from andrea.prepare import prepare
@@ -51,8 +57,11 @@ from andrea.trainconfig import TrainConfig
 
 D, HEADS, LAYERS, CONTEXT, BATCH = 64, 2, 2, 128, 4
 RECIPE = "v3"  # the main job's recipe, with its peak rate, warm-up and decay
-COPIES, SHORTEST, LONGEST, DOCS = 3, 8, 32, 150_000  # the repeats data: a passage of 8-32 tokens, three times
-WINDOW = 100  # steps of loss compared before and after the crossing
+# the repeats data: a passage of 8 to 32 tokens, three times; 32 is the n of the scored BOS + r + r
+# (andrea.heads), so that training shows a copy at every distance the heads are scored at
+COPIES, SHORTEST, LONGEST, DOCS = 3, 8, sequence_length(CONTEXT), 150_000
+WINDOW = 500  # steps of loss up to the crossing, compared with the WINDOW steps before them
+BUMP = 2.0  # the fall up to the crossing over the fall before it at which the loss shows a bump
 
 
 def crossing(rows: list[dict]) -> tuple[int | None, float, int | None]:
@@ -64,10 +73,16 @@ def crossing(rows: list[dict]) -> tuple[int | None, float, int | None]:
 
 
 def loss_fall(rows: list[dict], step: int, window: int = WINDOW) -> tuple[float, float]:
-    """How far the smoothed training loss fell over the `window` steps before `step` and after it."""
+    """How far the smoothed training loss fell over the `window` steps before `step - window`, and
+    over the `window` steps up to `step`."""
     smma = {r["step"]: r["smma"] for r in rows if "smma" in r}
     at = lambda s: smma.get(min(max(s, min(smma)), max(smma)), math.nan)  # noqa: E731
-    return at(step - window) - at(step), at(step) - at(step + window)
+    return at(step - 2 * window) - at(step - window), at(step - window) - at(step)
+
+
+def bump(before: float, to: float) -> str:
+    """Whether the loss fell BUMP times faster up to the crossing than before it."""
+    return f"{to / before:.1f}× faster, a bump" if before > 0 and to >= BUMP * before else "no bump"
 
 
 def repeats_data(data_dir: Path, out: Path, seed: int = 0) -> Path:
@@ -96,29 +111,42 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[1337, 1338, 1339])
     ap.add_argument("--data", choices=["repeats", "main"], default="repeats", help="what it trains on (default repeats)")
     ap.add_argument("--pos", choices=["rope", "learned"], default="rope", help="position scheme (default rope)")
+    ap.add_argument("--d", type=int, default=D, help=f"model width (default {D})")
+    ap.add_argument("--heads", type=int, default=HEADS, help=f"heads a block, each d/heads wide (default {HEADS})")
     ap.add_argument("--out", type=Path, default=REPO / "runs" / "bench-induction")
+    ap.add_argument("--report", action="store_true",
+                    help="report the runs kept in --out for these seeds and settings, without training again")
     args = ap.parse_args()
     try:
         data_dir = main_job_data(MAIN_SEGMENTS)
         if args.data == "repeats":
-            data_dir = repeats_data(data_dir, args.out / "repeats")
+            data_dir = repeats_data(data_dir, args.out / f"repeats-{SHORTEST}-{LONGEST}")
         V = TokenData(data_dir).vocab_size
     except AndreaError as e:
         print(f"bench_induction: {e}", file=sys.stderr)
         return 2
-    cfg = ModelConfig(vocab_size=V, n_embd=D, n_head=HEADS, n_layer=LAYERS, block_size=CONTEXT, pos=args.pos)
-    rows_out, notes = [], []
+    cfg = ModelConfig(vocab_size=V, n_embd=args.d, n_head=args.heads, n_layer=LAYERS, block_size=CONTEXT, pos=args.pos)
+    rows_out, notes, minutes = [], [], set()
     start = time.time()
     for seed in args.seeds:
-        run = args.out / f"{args.data}-{args.pos}-seed-{seed}"
-        say(f"seed {seed}: training for {args.minutes:g} minutes into {run}")
-        shutil.rmtree(run, ignore_errors=True)  # a fresh run each call
-        tc = TrainConfig(batch_size=BATCH, micro_batch=BATCH, seq_len=CONTEXT, max_steps=10**9,
-                         time_limit=args.minutes * 60, eval_every=250, eval_windows=8, checkpoint_every=10**9,
-                         seed=seed, audit={"enabled": False}, recipe=RECIPE, **RECIPE_SETTINGS[RECIPE])
-        t0 = time.time()
-        train(cfg, tc, data_dir, run, log=say, progress=False, resume=False)
-        notes.append(f"seed {seed}: {time.time() - t0:.0f} s")
+        run = args.out / f"{args.data}-{args.pos}-d{args.d}h{args.heads}-seed-{seed}"
+        if args.report:
+            if not (run / "metrics.jsonl").exists():
+                print(f"bench_induction: no kept run {run} to report; run without --report to train it.", file=sys.stderr)
+                return 2
+            kept = json.loads((run / "train.json").read_text())["train"]["time_limit"] / 60
+            notes.append(f"seed {seed}: kept run")
+            minutes.add(f"{kept:g}")
+        else:
+            say(f"seed {seed}: training for {args.minutes:g} minutes into {run}")
+            shutil.rmtree(run, ignore_errors=True)  # a fresh run each call
+            tc = TrainConfig(batch_size=BATCH, micro_batch=BATCH, seq_len=CONTEXT, max_steps=10**9,
+                             time_limit=args.minutes * 60, eval_every=250, eval_windows=8, checkpoint_every=10**9,
+                             seed=seed, audit={"enabled": False}, recipe=RECIPE, **RECIPE_SETTINGS[RECIPE])
+            t0 = time.time()
+            train(cfg, tc, data_dir, run, log=say, progress=False, resume=False)
+            notes.append(f"seed {seed}: {time.time() - t0:.0f} s")
+            minutes.add(f"{args.minutes:g}")
         rows = read_metrics(run / "metrics.jsonl")
         steps = max(r["step"] for r in rows if "loss" in r)
         first, best, best_step = crossing(rows)
@@ -129,10 +157,10 @@ def main() -> int:
             rows_out.append([seed, f"{steps:,}", f"{steps * BATCH * CONTEXT / 1e6:.2f} M", "not yet",
                              f"{best:.2f} (step {best_step:,})", "", "", "", f"{every:.2f}"])
             continue
-        before, after = loss_fall(rows, first)
+        before, to = loss_fall(rows, first)
         rows_out.append([seed, f"{steps:,}", f"{steps * BATCH * CONTEXT / 1e6:.2f} M", f"{first:,}",
                          f"{best:.2f} (step {best_step:,})", f"{first * BATCH * CONTEXT / 1e6:.2f} M",
-                         f"{prev:.2f}", f"{before:.3f} / {after:.3f}: " + ("faster after" if after > before else "not faster"),
+                         f"{prev:.2f}", f"{before:.3f} / {to:.3f}: " + bump(before, to),
                          f"{every:.2f}"])
     main_rows = []
     for ckpt in sorted((REPO / "runs" / "main-corpus").glob(f"segments-{MAIN_SEGMENTS}-seed-*")):
@@ -142,16 +170,16 @@ def main() -> int:
                           "present" if h["best"]["induction"] > PRESENT else "not yet"])
     print(machine_line())
     print()
-    print(f"model: d {D}, {HEADS} heads, {LAYERS} blocks, context {CONTEXT}, V {V:,} ({count_params(cfg):,} parameters; "
+    print(f"model: d {args.d}, {args.heads} heads, {LAYERS} blocks, context {CONTEXT}, V {V:,} ({count_params(cfg):,} parameters; "
           f"positions {args.pos}, recipe {RECIPE} as the main job sets it), data {args.data}, batch {BATCH} × {CONTEXT} = {BATCH * CONTEXT} tokens a step, "
-          f"{args.minutes:g} minutes a seed; heads scored at steps 0, 1, 2, 4, … and every "
+          f"{' or '.join(sorted(minutes))} minutes a seed; heads scored at steps 0, 1, 2, 4, … and every "
           f"250 (andrea.heads: mean attention weight on BOS + r + r, r drawn from the {COMMON:,} most used segments, a kind "
           f"present above {PRESENT}). Loss fall: the "
-          f"smoothed training loss's fall over the {WINDOW} steps before the crossing / the {WINDOW} after. "
+          f"smoothed training loss's fall over {WINDOW} steps / over the {WINDOW} up to the crossing (a bump at {BUMP:g}× or more). "
           f"{time.time() - start:.0f} s in all ({'; '.join(notes)}).")
     print()
     print(md_table(["seed", "steps", "tokens", "induction > 0.3 at step", "best induction", "tokens then",
-                    "previous-token then", "loss fall before / after", "at the end, r of every segment"], rows_out))
+                    "previous-token then", "loss fall before / up to it", "at the end, r of every segment"], rows_out))
     if not main_rows:
         print()
         print("The main job's model: no final checkpoint in runs/main-corpus to score (the main job makes them).")
