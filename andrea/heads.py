@@ -15,9 +15,10 @@ has hardly seen keeps a row near its random start, which no head can match; over
 a V of 8,449, a 15-minute run's rare tokens would score the heads' lack of data, not their kind
 (`score_heads(common=None)` draws from all of them, for comparison). Why r is at most RANDOM_LEN
 = 32 tokens: a head learns the distances it is shown, and at the lengths the models here train on,
-copies in the text sit a few words apart. benchmarks/bench_induction.py's three seeds, trained on
-passages of 8 to 32 tokens written three times over in a context of 128, formed heads scoring
-0.83-0.87 on r of 32 and 0.12-0.30 on r of 63; the score asks whether a head copies, not how far.
+copies in the text sit a few words apart. benchmarks/bench_induction.py trains on copies at most 32
+tokens apart and scores its final models at several lengths of r (BENCHMARKS.md, "When an induction
+head forms"): heads that copy at 32 score far less at 63. The score asks whether a head copies,
+not how far.
 A kind is present when its
 best head's score passes PRESENT (0.3). Even attention over the keys a
 query sees scores 1/(i + 1) averaged over the same positions (`head_scores`' chance).

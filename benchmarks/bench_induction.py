@@ -47,7 +47,7 @@ from common import REPO, machine_line, main_job_data, md_table, say
 from andrea.checkpoint import load_model
 from andrea.config import ModelConfig, count_params
 from andrea.errors import AndreaError
-from andrea.heads import COMMON, PRESENT, score_heads, sequence_length
+from andrea.heads import COMMON, PRESENT, head_scores, patterns, random_repeats, score_heads, sequence_length
 from andrea.mainjob_settings import MAIN_SEGMENTS, RECIPE_SETTINGS
 from andrea.metrics import read_metrics
 from andrea.prepare import prepare
@@ -61,6 +61,7 @@ RECIPE = "v3"  # the main job's recipe, with its peak rate, warm-up and decay
 # (andrea.heads), so that training shows a copy at every distance the heads are scored at
 COPIES, SHORTEST, LONGEST, DOCS = 3, 8, sequence_length(CONTEXT), 150_000
 WINDOW = 500  # steps of loss up to the crossing, compared with the WINDOW steps before them
+DISTANCES = (8, 16, 32, 48, (CONTEXT - 1) // 2)  # r's lengths the final models are scored at, up to the context's
 BUMP = 2.0  # the fall up to the crossing over the fall before it at which the loss shows a bump
 
 
@@ -78,6 +79,12 @@ def loss_fall(rows: list[dict], step: int, window: int = WINDOW) -> tuple[float,
     smma = {r["step"]: r["smma"] for r in rows if "smma" in r}
     at = lambda s: smma.get(min(max(s, min(smma)), max(smma)), math.nan)  # noqa: E731
     return at(step - 2 * window) - at(step - window), at(step - window) - at(step)
+
+
+def distance_score(model, n: int) -> float:
+    """The model's best induction score on BOS + r + r with r of n tokens: how far apart its heads copy."""
+    scores, _ = head_scores(patterns(model.eval(), random_repeats(model.config.vocab_size, n)), n)
+    return float(scores["induction"].max())
 
 
 def bump(before: float, to: float) -> str:
@@ -126,7 +133,7 @@ def main() -> int:
         print(f"bench_induction: {e}", file=sys.stderr)
         return 2
     cfg = ModelConfig(vocab_size=V, n_embd=args.d, n_head=args.heads, n_layer=LAYERS, block_size=CONTEXT, pos=args.pos)
-    rows_out, notes, minutes = [], [], set()
+    rows_out, notes, minutes, lengths = [], [], set(), []
     start = time.time()
     for seed in args.seeds:
         run = args.out / f"{args.data}-{args.pos}-d{args.d}h{args.heads}-seed-{seed}"
@@ -153,6 +160,7 @@ def main() -> int:
         prev = next((r["heads"]["best"]["previous"] for r in rows if "heads" in r and r["step"] == first), None)
         model, _, _ = load_model(run)
         every = score_heads(model.eval(), common=None)["best"]["induction"]
+        lengths.append([seed] + [f"{distance_score(model, n):.2f}" for n in DISTANCES])
         if first is None:
             rows_out.append([seed, f"{steps:,}", f"{steps * BATCH * CONTEXT / 1e6:.2f} M", "not yet",
                              f"{best:.2f} (step {best_step:,})", "", "", "", f"{every:.2f}"])
@@ -180,6 +188,11 @@ def main() -> int:
     print()
     print(md_table(["seed", "steps", "tokens", "induction > 0.3 at step", "best induction", "tokens then",
                     "previous-token then", "loss fall before / up to it", "at the end, r of every segment"], rows_out))
+    print()
+    print(f"The final models' best induction score on BOS + r + r with r of n tokens (the {COMMON:,} most used "
+          f"segments; trained on copies {SHORTEST} to {LONGEST} tokens apart, scored in training at n = {LONGEST}):")
+    print()
+    print(md_table(["seed"] + [f"n = {n}" for n in DISTANCES], lengths))
     if not main_rows:
         print()
         print("The main job's model: no final checkpoint in runs/main-corpus to score (the main job makes them).")
