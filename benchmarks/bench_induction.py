@@ -133,7 +133,7 @@ def main() -> int:
         print(f"bench_induction: {e}", file=sys.stderr)
         return 2
     cfg = ModelConfig(vocab_size=V, n_embd=args.d, n_head=args.heads, n_layer=LAYERS, block_size=CONTEXT, pos=args.pos)
-    rows_out, notes, minutes, lengths = [], [], set(), []
+    rows_out, notes, minutes = [], [], set()
     start = time.time()
     for seed in args.seeds:
         run = args.out / f"{args.data}-{args.pos}-d{args.d}h{args.heads}-seed-{seed}"
@@ -160,16 +160,16 @@ def main() -> int:
         prev = next((r["heads"]["best"]["previous"] for r in rows if "heads" in r and r["step"] == first), None)
         model, _, _ = load_model(run)
         every = score_heads(model.eval(), common=None)["best"]["induction"]
-        lengths.append([seed] + [f"{distance_score(model, n):.2f}" for n in DISTANCES])
+        by_length = " / ".join(f"{distance_score(model, n):.2f}" for n in DISTANCES)
         if first is None:
             rows_out.append([seed, f"{steps:,}", f"{steps * BATCH * CONTEXT / 1e6:.2f} M", "not yet",
-                             f"{best:.2f} (step {best_step:,})", "", "", "", f"{every:.2f}"])
+                             f"{best:.2f} (step {best_step:,})", "", "", "", f"{every:.2f}", by_length])
             continue
         before, to = loss_fall(rows, first)
         rows_out.append([seed, f"{steps:,}", f"{steps * BATCH * CONTEXT / 1e6:.2f} M", f"{first:,}",
                          f"{best:.2f} (step {best_step:,})", f"{first * BATCH * CONTEXT / 1e6:.2f} M",
                          f"{prev:.2f}", f"{before:.3f} / {to:.3f}: " + bump(before, to),
-                         f"{every:.2f}"])
+                         f"{every:.2f}", by_length])
     main_rows = []
     for ckpt in sorted((REPO / "runs" / "main-corpus").glob(f"segments-{MAIN_SEGMENTS}-seed-*")):
         model, _, c = load_model(ckpt)
@@ -182,17 +182,13 @@ def main() -> int:
           f"positions {args.pos}, recipe {RECIPE} as the main job sets it), data {args.data}, batch {BATCH} × {CONTEXT} = {BATCH * CONTEXT} tokens a step, "
           f"{' or '.join(sorted(minutes))} minutes a seed; heads scored at steps 0, 1, 2, 4, … and every "
           f"250 (andrea.heads: mean attention weight on BOS + r + r, r drawn from the {COMMON:,} most used segments, a kind "
-          f"present above {PRESENT}). Loss fall: the "
+          f"present above {PRESENT}; r of {LONGEST} tokens, the longest distance between copies in training). Loss fall: the "
           f"smoothed training loss's fall over {WINDOW} steps / over the {WINDOW} up to the crossing (a bump at {BUMP:g}× or more). "
           f"{time.time() - start:.0f} s in all ({'; '.join(notes)}).")
     print()
     print(md_table(["seed", "steps", "tokens", "induction > 0.3 at step", "best induction", "tokens then",
-                    "previous-token then", "loss fall before / up to it", "at the end, r of every segment"], rows_out))
-    print()
-    print(f"The final models' best induction score on BOS + r + r with r of n tokens (the {COMMON:,} most used "
-          f"segments; trained on copies {SHORTEST} to {LONGEST} tokens apart, scored in training at n = {LONGEST}):")
-    print()
-    print(md_table(["seed"] + [f"n = {n}" for n in DISTANCES], lengths))
+                    "previous-token then", "loss fall before / up to it", "at the end, r of every segment",
+                    "at the end, r of " + " / ".join(map(str, DISTANCES)) + " tokens"], rows_out))
     if not main_rows:
         print()
         print("The main job's model: no final checkpoint in runs/main-corpus to score (the main job makes them).")

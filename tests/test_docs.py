@@ -202,3 +202,9 @@ def test_the_figure_check_can_fail(tmp_path):
     (text, targets), = quoting_paragraphs(doc)
     assert targets == ["the-main-job-andrea-main"]
     assert FIGURE.findall(text) == ["9,999.5"] and "9,999.5" not in sections[targets[0]]
+
+
+def test_benchmarks_md_holds_at_most_500_lines():
+    """The measured figures' one home stays readable: older measurements move to docs/history.md."""
+    lines = (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8").count("\n")
+    assert lines <= 500, f"BENCHMARKS.md has {lines} lines; move older sections to docs/history.md"
