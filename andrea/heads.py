@@ -14,14 +14,11 @@ Why the most used: an induction head matches a token to its earlier copy, and a 
 has hardly seen keeps a row near its random start, which no head can match; over every segment of
 a V of 8,449, a 15-minute run's rare tokens would score the heads' lack of data, not their kind
 (`score_heads(common=None)` draws from all of them, for comparison). Why r is at most RANDOM_LEN
-= 32 tokens: a head learns the distances it is shown, and at the lengths the models here train on,
-copies in the text sit a few words apart. benchmarks/bench_induction.py trains on copies at most 32
-tokens apart and scores its final models at several lengths of r (BENCHMARKS.md, "When an induction
+= 32 tokens: a head learns the distances it is shown. benchmarks/bench_induction.py trains on
+copies at most 32 tokens apart and scores its final models at several lengths of r (BENCHMARKS.md, "When an induction
 head forms"): heads that copy at 32 score far less at 63. The score asks whether a head copies,
-not how far.
-A kind is present when its
-best head's score passes PRESENT (0.3). Even attention over the keys a
-query sees scores 1/(i + 1) averaged over the same positions (`head_scores`' chance).
+not how far. A kind is present when its best head's score passes PRESENT (0.3). Even attention
+over the keys a query sees scores 1/(i + 1) averaged over the same positions (`head_scores`' chance).
 
 While a run trains, `score_heads` runs at every embedding snapshot (steps 0, 1, 2, 4, … and
 evaluations, andrea.snapshots.store) and its scores go to metrics.jsonl as {"step", "heads"}: a
