@@ -83,9 +83,13 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
         return int(logits.argmax())
     logits = logits.double()
     logits = (logits - logits.max()) / temperature
+    ids = None  # which token each entry of `logits` is, where top-k has cut them (None: all, in order)
     if top_k is not None and top_k < logits.numel():
+        # the draw runs over the tokens top-k keeps (ties with the k-th included), not the whole
+        # vocabulary: the same distribution, and a multinomial over 40 entries, not 8,449
         kth = torch.topk(logits, top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, -math.inf)
+        ids = (logits >= kth).nonzero().squeeze(1)
+        logits = logits[ids]
     probs = torch.softmax(logits, dim=-1)
     if top_p is not None and top_p < 1:
         sorted_probs, order = probs.sort(descending=True)
@@ -94,7 +98,8 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
         drop[0] = False
         sorted_probs[drop] = 0
         probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
-    return int(torch.multinomial(probs, 1, generator=generator))
+    pick = int(torch.multinomial(probs, 1, generator=generator))
+    return pick if ids is None else int(ids[pick])
 
 
 @torch.inference_mode()
