@@ -15,9 +15,9 @@ has hardly seen keeps a row near its random start, which no head can match; over
 a V of 8,449, a 15-minute run's rare tokens would score the heads' lack of data, not their kind
 (`score_heads(common=None)` draws from all of them, for comparison). Why r is at most RANDOM_LEN
 = 32 tokens: a head learns the distances it is shown. benchmarks/bench_induction.py trains on
-copies at most 32 tokens apart and scores its final models at several lengths of r (BENCHMARKS.md, "When an induction
-head forms"): heads that copy at 32 score far less at 63. The score asks whether a head copies,
-not how far. A kind is present when its best head's score passes PRESENT (0.3). Even attention
+copies at most 32 tokens apart and scores its final models at several lengths of r (`score_heads(
+n=...)`; BENCHMARKS.md, "When an induction head forms"): heads that copy at 32 score far less at
+63. The score asks whether a head copies, not how far. A kind is present when its best head's score passes PRESENT (0.3). Even attention
 over the keys a query sees scores 1/(i + 1) averaged over the same positions (`head_scores`' chance).
 
 While a run trains, `score_heads` runs at every embedding snapshot (steps 0, 1, 2, 4, … and
@@ -85,11 +85,15 @@ def sequence_length(block_size: int) -> int:
 
 
 @torch.no_grad()
-def score_heads(model, common: int | None = COMMON) -> dict | None:
+def score_heads(model, common: int | None = COMMON, n: int | None = None) -> dict | None:
     """{"n", "scores": {kind: (L, nh) list}, "best": {kind: float}} of a model on sequences of the
-    `common` most used segments, or None where its context holds no repeated sequence of 2 tokens."""
+    `common` most used segments, r of n tokens (default: sequence_length of its context), or None
+    where its context holds no repeated sequence of 2 tokens."""
     cfg = model.config
-    n = sequence_length(cfg.block_size)
+    if n is not None and not 2 <= n <= (cfg.block_size - 1) // 2:
+        raise AndreaError(f"r of {n} tokens twice after BOS does not fit a context of {cfg.block_size}; "
+                          f"give 2 to {(cfg.block_size - 1) // 2}.")
+    n = sequence_length(cfg.block_size) if n is None else n
     if n < 2 or not len(model.h):
         return None
     scores, _ = head_scores(patterns(model, random_repeats(cfg.vocab_size, n, common=common)), n)

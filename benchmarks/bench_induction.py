@@ -47,7 +47,7 @@ from common import REPO, machine_line, main_job_data, md_table, say
 from andrea.checkpoint import load_model
 from andrea.config import ModelConfig, count_params
 from andrea.errors import AndreaError
-from andrea.heads import COMMON, PRESENT, head_scores, patterns, random_repeats, score_heads, sequence_length
+from andrea.heads import COMMON, PRESENT, score_heads, sequence_length
 from andrea.mainjob_settings import MAIN_SEGMENTS, RECIPE_SETTINGS
 from andrea.metrics import read_metrics
 from andrea.prepare import prepare
@@ -79,12 +79,6 @@ def loss_fall(rows: list[dict], step: int, window: int = WINDOW) -> tuple[float,
     smma = {r["step"]: r["smma"] for r in rows if "smma" in r}
     at = lambda s: smma.get(min(max(s, min(smma)), max(smma)), math.nan)  # noqa: E731
     return at(step - 2 * window) - at(step - window), at(step - window) - at(step)
-
-
-def distance_score(model, n: int) -> float:
-    """The model's best induction score on BOS + r + r with r of n tokens: how far apart its heads copy."""
-    scores, _ = head_scores(patterns(model.eval(), random_repeats(model.config.vocab_size, n)), n)
-    return float(scores["induction"].max())
 
 
 def bump(before: float, to: float) -> str:
@@ -160,7 +154,7 @@ def main() -> int:
         prev = next((r["heads"]["best"]["previous"] for r in rows if "heads" in r and r["step"] == first), None)
         model, _, _ = load_model(run)
         every = score_heads(model.eval(), common=None)["best"]["induction"]
-        by_length = " / ".join(f"{distance_score(model, n):.2f}" for n in DISTANCES)
+        by_length = " / ".join(f"{score_heads(model, n=n)['best']['induction']:.2f}" for n in DISTANCES)
         if first is None:
             rows_out.append([seed, f"{steps:,}", f"{steps * BATCH * CONTEXT / 1e6:.2f} M", "not yet",
                              f"{best:.2f} (step {best_step:,})", "", "", "", f"{every:.2f}", by_length])

@@ -123,6 +123,11 @@ def normal(figure: str) -> str:
     return figure.replace("−", "-").lstrip("+")
 
 
+def quoted_figures(text: str) -> list[str]:
+    """The figures a paragraph states, its links' targets left out."""
+    return FIGURE.findall(re.sub(r"\]\([^)]*\)", "]", text))
+
+
 def quoting_paragraphs(doc: Path) -> list[tuple[str, list[str]]]:
     """(text, [BENCHMARKS anchors]) for each paragraph that links into BENCHMARKS.md; a fenced block
     just before such a paragraph is quoted by it too."""
@@ -145,7 +150,7 @@ def test_quoted_figures_appear_in_the_benchmark_section_they_cite(doc):
     missing = []
     for text, targets in quoting_paragraphs(doc):
         body = " ".join(sections.get(t, "") for t in targets).replace("−", "-")
-        for figure in FIGURE.findall(re.sub(r"\]\([^)]*\)", "]", text)):
+        for figure in quoted_figures(text):
             if normal(figure) not in body:
                 missing.append(f"{figure} (cites {', '.join(targets)})")
     assert not missing, f"{doc.name}: figures not in the cited sections: {missing}"
@@ -157,7 +162,7 @@ def quoting_documents(docs) -> dict[str, set[str]]:
     sections, out = benchmark_sections(), {}
     for doc in docs:
         for text, targets in quoting_paragraphs(doc):
-            figures = {normal(f) for f in FIGURE.findall(re.sub(r"\]\([^)]*\)", "]", text))}
+            figures = {normal(f) for f in quoted_figures(text)}
             for t in targets:
                 body = sections.get(t, "").replace("−", "-")
                 if any(f in body for f in figures):

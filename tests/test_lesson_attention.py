@@ -16,6 +16,7 @@ from andrea import heads
 from andrea.checkpoint import save_checkpoint
 from andrea.cli import main
 from andrea.config import BOS, N_SPECIAL, ModelConfig
+from andrea.errors import AndreaError
 from andrea.lessons import attention as lesson
 from andrea.lessons.report import CANNOT, CAVEAT, FAILS, HOLDS
 from andrea.model import ANDREA
@@ -297,3 +298,13 @@ def test_a_run_keeps_its_heads_scores_at_every_snapshot(data_dir, tmp_path):
     for kind in heads.KINDS:
         np.testing.assert_allclose(rows[-1]["heads"]["scores"][kind], now["scores"][kind], atol=2e-4)
         assert np.array(now["scores"][kind]).shape == (2, 2)
+
+
+def test_score_heads_at_a_length_of_r_the_context_holds():
+    model = previous_token_model().eval()  # a context of 32: r of 2 to 15 tokens fit BOS + r + r
+    short = heads.score_heads(model, n=4)
+    assert short["n"] == 4 and short["best"]["previous"] > 0.9
+    assert heads.score_heads(model)["n"] == heads.score_heads(model, n=15)["n"] == 15
+    for n in (1, 16):
+        with pytest.raises(AndreaError, match=f"r of {n} tokens twice after BOS does not fit a context of 32"):
+            heads.score_heads(model, n=n)
