@@ -161,6 +161,20 @@ def reference(lab_checkpoint):
     torch.set_num_threads(before)
 
 
+def test_text_that_arrives_together_still_streams_as_one_chunk_per_piece():
+    """However many tokens the decoder finished before the event loop woke, each is its own chunk."""
+    from andrea.web.protocol import Render
+    body, last, gone = Render("lab", chat=False).events([("text", "a"), ("text", " cat"), ("text", " sat")], None)
+    chunks = [json.loads(line[6:]) for line in body.decode().split("\n\n") if line]
+    assert [c["choices"][0]["text"] for c in chunks] == ["a", " cat", " sat"] and not last and not gone
+    body, last, _ = Render("lab", chat=True).events([("text", "hi"), ("text", "!"), ("end", "length")], None)
+    lines = [line[6:] for line in body.decode().split("\n\n") if line]
+    assert lines[-1] == "[DONE]" and last
+    deltas = [json.loads(x)["choices"][0] for x in lines[:-1]]
+    assert [d["delta"] for d in deltas] == [{"role": "assistant", "content": "hi"}, {"content": "!"}, {}]
+    assert [d["finish_reason"] for d in deltas] == [None, None, "length"]
+
+
 def test_models_and_health(server):
     models = server.client().models.list()
     assert [m.id for m in models.data] == ["lab"]

@@ -178,17 +178,14 @@ class Render:
 
     def events(self, events: list, job) -> tuple[bytes, bool, bool]:
         """(bytes to send, whether the stream ends with them, whether the client is gone)."""
-        out, text = [], []
+        out = []
         for event in events:
             kind = event[0]
             if kind == "gone":
                 return b"", True, True
-            if kind == "text":
-                text.append(event[1])
+            if kind == "text":  # one chunk per piece of text, as it was decoded, however many arrive at once
+                out.append(self.chunk(event[1]))
                 continue
-            if text:
-                out.append(self.chunk("".join(text)))
-                text = []
             if kind == "end":
                 out.append(self.chunk(None, event[1]))
                 if self.usage_in_stream:
@@ -197,8 +194,6 @@ class Render:
                 out.append(b"data: " + json_bytes(error_body(event[1])) + b"\n\n")
             out.append(b"data: [DONE]\n\n")
             return b"".join(out), True, False
-        if text:
-            out.append(self.chunk("".join(text)))
         return b"".join(out), False, False
 
 
