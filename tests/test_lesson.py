@@ -358,3 +358,13 @@ def test_where_the_text_is_known_the_pairs_are_scored_on_the_last_blocks_word_ve
     assert all(n >= 1 for n in blocks["uses"].values()) and "from block 2's hidden states" in s.how
     assert len(tok.word_ids("xylophone")) > 1 and all(-1 <= v <= 1 for v in blocks["cos"].values())
     assert "blocks" not in step_pairs(Inputs(m, tok, "m")).numbers  # no text, no block vectors
+    # the scores step: pairs with a word of several tokens also on those vectors, beside the pieces' rows
+    pairs = [("cat", "xylophone", 1.0), ("dog", "xylophone", 2.0), ("pet", "xylophone", 3.0), ("cat", "dog", 9.0),
+             ("the", "xylophone", 4.0), ("sat", "xylophone", 5.0)]
+    sets = WordSets({"simlex999": pairs, "wordsim353": pairs}, [])
+    s = step_scores(Inputs(m, tok, "m", data=data, sets=sets))
+    blocks = s.numbers["blocks"]
+    ws = blocks["sets"]["wordsim353"]
+    assert blocks["block"] == 2 and ws["of"] == 5 and ws["blocks"]["n"] == ws["input"]["n"] == ws["pairs"] == 5
+    assert all(-1 <= ws[k]["rho"] <= 1 for k in ("blocks", "input")) and "block 2's word vectors" in s.how
+    assert "blocks" not in step_scores(Inputs(m, tok, "m", sets=sets)).numbers

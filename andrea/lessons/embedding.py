@@ -20,7 +20,9 @@ The steps, in order:
                training text (andrea.usage); where that text is known, the same pairs on the last
                block's word vectors too (andrea.context_vectors), which see xylophone whole
     scores     Spearman ρ on WordSim-353 and SimLex-999 over all single-token pairs and over pairs
-               of words whose tokens mostly stand alone, beside counting (PPMI) on the same pairs
+               of words whose tokens mostly stand alone, beside counting (PPMI) on the same pairs;
+               apart, pairs with a word of several tokens: their pieces' mean rows and, where the
+               training text is known, the last block's word vectors on the same pairs
     dot        u·v = ‖u‖‖v‖cos θ on the learner's rows
     positions  x_t = wte[id_t] + wpe[t] reproduced against the input of block 1 on a prompt, and
                word order changing x
@@ -42,7 +44,7 @@ import torch
 
 from andrea.checkpoint import load_model
 from andrea.config import get_preset, param_rows
-from andrea.context_vectors import CONTEXT, block_vectors, mean_state
+from andrea.context_vectors import CONTEXT, block_vectors, layer_scores, mean_state
 from andrea.embed import forward_matrix, table
 from andrea.errors import AndreaError
 from andrea.lessons.report import CANNOT, CAVEAT, FAILS, HOLDS, Step, report_json, report_text
@@ -55,6 +57,7 @@ from andrea.wordsim import (
     LESSON_PAIRS,
     PAIR_SETS,
     WordIndex,
+    WordSets,
     centred,
     lesson_margin,
     pair_scores,
@@ -277,6 +280,26 @@ def _scores(tables: dict, index: WordIndex, pairs) -> dict:
     return out
 
 
+def _pieces_from_blocks(inp: Inputs, index: WordIndex) -> dict | None:
+    """The pairs with a word of several tokens on the last block's word vectors (andrea.context_vectors),
+    beside the input table's mean rows of the pieces on the same pairs (those whose two words have
+    context_vectors.MIN_USES uses in the training text); None where that text is unknown, the model
+    has no blocks or every pair is of single tokens."""
+    if inp.data is None or not len(inp.model.h):
+        return None
+    pairs = {s: [p for p in inp.sets.pairs[s] if not (index.single(p[0]) and index.single(p[1]))] for s in PAIR_SETS}
+    words = sorted({w for ps in pairs.values() for a, b, _ in ps for w in (a, b)})
+    if not words:
+        return None
+    context = min(CONTEXT, inp.model.config.block_size)
+    bv = block_vectors(inp.model, inp.tokenizer, inp.data, words, context=context)
+    scores = layer_scores(bv, inp.tokenizer, WordSets(pairs, []), {"input": table(inp.model, "input")})
+    last = inp.model.config.n_layer
+    return {"block": last, "max_uses": bv.max_uses, "min_uses": scores["min_uses"], "context": context,
+            "sets": {s: {"pairs": v["pairs"], "of": v["of"], "blocks": v["scores"][f"block {last}"],
+                         "input": v["scores"]["input"]} for s, v in scores["sets"].items()}}
+
+
 def step_scores(inp: Inputs) -> Step:
     claim = "Closeness in the table ranks word pairs as people do: Spearman ρ on WordSim-353 and SimLex-999."
     if inp.sets is None:
@@ -306,6 +329,15 @@ def step_scores(inp: Inputs) -> Step:
     how += "; apart, pairs with a word of several tokens: " + ", ".join(
         f"{name} ρ {apart[s]['rho']:+.2f} over {apart[s]['n']}" if apart[s]["n"] > 2 else f"{name} {apart[s]['n']}"
         for s, name in (("wordsim353", "WordSim"), ("simlex999", "SimLex")))
+    blocks = _pieces_from_blocks(inp, index)
+    if blocks is not None:
+        numbers["blocks"] = blocks
+        how += (f"; the same kind of pairs on block {blocks['block']}'s word vectors, which see such a word whole "
+                f"(each word's mean over up to {blocks['max_uses']} uses in the training text; pairs whose words both "
+                f"have at least {blocks['min_uses']} uses): " + ", ".join(
+                    f"{name} ρ {blocks['sets'][s]['blocks']['rho']:+.2f} against the pieces' mean rows "
+                    f"{blocks['sets'][s]['input']['rho']:+.2f} over {blocks['sets'][s]['blocks']['n']}"
+                    for s, name in (("wordsim353", "WordSim"), ("simlex999", "SimLex"))))
     if not alone["n"] > 2 or not math.isfinite(alone["rho"]):
         return Step("scores", claim, how, CANNOT, "too few pairs of single-token words to rank", numbers)
     if alone["rho"] <= 2 * alone["null"]:
