@@ -98,7 +98,7 @@ def time_cpu_step(job: MainJob | None = None, steps: int = 3, warmup: int = 1) -
     torch.manual_seed(job.seed)
     model = ANDREA(cfg)
     tune_for_training(model, torch.device("cpu"))
-    opt = make_optimizer(model, settings["recipe"], settings["lr"], device="cpu")
+    opt = make_optimizer(model, settings["recipe"], settings["lr"], device="cpu", muon_lr=settings.get("muon_lr"))
     g = torch.Generator().manual_seed(job.seed)
     x, y = (torch.randint(0, cfg.vocab_size, (shape["batch_size"], min(shape["seq_len"], cfg.block_size)), generator=g)
             for _ in range(2))

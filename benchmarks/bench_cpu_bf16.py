@@ -92,7 +92,7 @@ def child(rounds: int, steps: int) -> dict:
         torch.manual_seed(0)
         model = Model(cfg)
         tune_for_training(model, torch.device("cpu"))
-        opt = make_optimizer(model, "v3", settings["lr"], device="cpu")
+        opt = make_optimizer(model, "v3", settings["lr"], device="cpu", muon_lr=settings.get("muon_lr"))
         opt.optimizers[0].ns_dtype = ns_dtype  # the choice under test (make_optimizer's own is `chosen`)
 
         def step():

@@ -56,7 +56,8 @@ def main() -> None:
     cfg = PRESETS[args.preset]
     torch.manual_seed(0)
     model = ANDREA(cfg).to(device)
-    opt = make_optimizer(model, args.recipe, RECIPE_SETTINGS[args.recipe]["lr"], 0.1, device)
+    settings = RECIPE_SETTINGS[args.recipe]
+    opt = make_optimizer(model, args.recipe, settings["lr"], 0.1, device, muon_lr=settings.get("muon_lr"))
     ids = torch.randint(0, cfg.vocab_size, (args.batch, args.seq + 1), device=device)
     probe = ids[:1]
 
