@@ -48,6 +48,7 @@ class MainJob:
     seq_len: int | None = None
     recipe: str = MAIN_RECIPE
     lr: float | None = None  # None: the recipe's own in RECIPE_SETTINGS
+    muon_lr: float | None = None  # v3's Muon-trained matrices' own peak rate; None: the recipe's (else lr)
     samples: int = 3
     segments: int | None = None  # the tokenizer's segments, and so the model's vocabulary; None: the preset's
     compile: bool = False  # torch.compile the model (its compile time counts against the minutes)
@@ -80,10 +81,11 @@ class MainJob:
                            sampling=self.sampling, eval_windows=16, audit={"enabled": False}, compile=self.compile)
 
     def train_settings(self) -> dict:
-        """The recipe's settings of RECIPE_SETTINGS, with lr replaced when one is given."""
+        """The recipe's settings of RECIPE_SETTINGS, with lr and muon_lr replaced where given."""
         out = {"recipe": self.recipe, **RECIPE_SETTINGS[self.recipe]}
-        if self.lr is not None:
-            out["lr"] = self.lr
+        for key in ("lr", "muon_lr"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
         return out
 
 

@@ -19,6 +19,10 @@ several seeds, a row of means ± standard deviations follows each count's runs.
     .venv/bin/python benchmarks/bench_vocab.py                               # 4096 6144 8192, 6 min each
     .venv/bin/python benchmarks/bench_vocab.py --segments 6144 8192 --minutes 3 --out runs/vocab
     .venv/bin/python benchmarks/bench_vocab.py --segments 6144 --seeds 1337 1338 1339 --minutes 15   # the main job, 3 seeds
+    .venv/bin/python benchmarks/bench_vocab.py --segments 8192 --minutes 15 --lr 2e-2 --muon-lr 6e-3 --out runs/lr   # other rates
+
+`--lr` and `--muon-lr` replace the recipe's peak learning rates (v3: the AdamW groups' and the
+Muon-trained matrices'), as `andrea.mainjob.MainJob` takes them; the header says which ran.
 """
 
 from __future__ import annotations
@@ -112,7 +116,7 @@ def run_one(n: int, seed: int, args, out: Path) -> dict:
         say(f"{n:,} segments, seed {seed}: reusing {done}")
         return json.loads(done.read_text())
     job = MainJob.on("cpu", minutes=args.minutes, seed=seed, segments=n, out=folder, samples=args.samples,
-                     compile=args.compile)
+                     compile=args.compile, lr=args.lr, muon_lr=args.muon_lr)
     load = load_average()
     summary = run_main_job(job, log=say)
     params = count_params(get_preset(job.preset).replace(vocab_size=n + N_SPECIAL))
@@ -174,6 +178,17 @@ def mean_row(runs: list[dict]) -> list:
              if all(r.get("chat") for r in runs) else ""), ""]
 
 
+def rate_note(args) -> str:
+    """Where the runs' learning rates differ from the recipe's, which ones they were."""
+    from andrea.mainjob import MainJob
+
+    job = MainJob(lr=args.lr, muon_lr=args.muon_lr)
+    if args.lr is None and args.muon_lr is None:
+        return ""
+    settings = job.train_settings()
+    return f", at peak learning rates lr {settings['lr']:g}, muon_lr {settings.get('muon_lr') or settings['lr']:g} (not the recipe's)"
+
+
 def main(argv=None) -> int:
     from bench_chat import PROMPTS, SEEDS
 
@@ -188,6 +203,9 @@ def main(argv=None) -> int:
     ap.add_argument("--samples", type=int, default=1, help="samples each run prints in its summary (default 1)")
     ap.add_argument("--compile", action="store_true", help="andrea main --compile: torch.compile the model, its "
                     "compile time counted against the minutes")
+    ap.add_argument("--lr", type=float, help="peak learning rate in place of the recipe's (v3: its AdamW groups')")
+    ap.add_argument("--muon-lr", type=float, help="v3: the Muon-trained matrices' peak learning rate in place of the "
+                    "recipe's")
     ap.add_argument("--out", type=Path, default=Path("runs/bench-vocab"), help="the runs' folder (default runs/bench-vocab); "
                     "a run that finished there is reused")
     args = ap.parse_args(argv)
@@ -211,7 +229,7 @@ def main(argv=None) -> int:
     print("## The main job's vocabulary at equal wall time (`bench_vocab.py`)\n")
     print(machine_line() + "\n")
     print(f"`andrea main --segments N --minutes {args.minutes:g} --seed S{' --compile' if args.compile else ''}` "
-          f"for each N and S, one after the other "
+          f"for each N and S, one after the other{rate_note(args)} "
           f"({(time.time() - t0) / 60:.0f} min in all, this call; runs reused from earlier calls count their own time); "
           f"andrea-cpu's body (d 256, 4 layers, 8 heads), V = N + 257. Validation: bits per byte on every source's "
           f"held-out text, the final evaluation of the best checkpoint (every source's held-out text whole, each "

@@ -78,6 +78,21 @@ def test_the_main_job_shape_follows_the_device_unless_named():
     assert MainJob.on("cuda").segments == MAIN_SEGMENTS and MainJob.on("cuda", preset="andrea-tiny").segments is None
 
 
+def test_a_job_replaces_only_the_learning_rates_it_names():
+    """The recipe's settings travel whole; lr and muon_lr, where a job names them, replace the
+    recipe's, and reach the training options."""
+    from andrea.mainjob import MainJob
+    from andrea.mainjob_settings import RECIPE_SETTINGS, SHAPES
+
+    own = {"recipe": "v3", **RECIPE_SETTINGS["v3"]}
+    assert MainJob().train_settings() == own
+    assert MainJob(lr=2e-2).train_settings() == {**own, "lr": 2e-2}
+    both = MainJob(lr=2e-2, muon_lr=5e-3)
+    assert both.train_settings() == {**own, "lr": 2e-2, "muon_lr": 5e-3}
+    cfg = both.options(SHAPES["cpu"], 256)
+    assert (cfg.lr, cfg.muon_lr, cfg.warmup_steps) == (2e-2, 5e-3, RECIPE_SETTINGS["v3"]["warmup_steps"])
+
+
 @pytest.mark.parametrize("flag, value, why", [
     ("--segments", "0", "at least 1 and at most 65,279 (token shards hold ids below 65,536)"),
     ("--segments", "65280", "at least 1 and at most 65,279 (token shards hold ids below 65,536)"),
