@@ -27,6 +27,7 @@ from andrea.metrics import read_metrics
 from andrea.model import ANDREA, tune_for_training
 from andrea.optim import make_optimizer
 from andrea.prepare import prepare
+from andrea.processor import flush_subnormals
 from andrea.shards import PROGRESS_FILE, VERIFIED_FILE, TokenData, verify_shards
 from andrea.tokenizer.harris import WORD_PATTERN, HarrisTokenizer
 from andrea.tokenizer.sample import load_training_texts
@@ -202,13 +203,11 @@ def main_job_data(n_segments: int, log=print) -> tuple[list[str], object, Path, 
 
 
 def run_main_job(job: MainJob, log=print) -> dict:
-
-
+    flush_subnormals()  # first: torch's threads keep the mode they start with (andrea.processor)
     t0 = time.time()
     shape = job.shape("cuda" if torch.cuda.is_available() else "cpu")
     cfg = get_preset(shape["preset"])
     if shape["segments"] is not None:
-
         cfg = cfg.replace(vocab_size=shape["segments"] + N_SPECIAL)
     log("1/4 corpus, 2/4 tokenizer, 3/4 token shards (each cached after its first run)")
     names, tokenizer, tok_dir, data_dir = main_job_data(cfg.n_segments, log)

@@ -1,5 +1,5 @@
 """What this machine's processor does natively: whether a bfloat16 matrix product is faster than
-a float32 one here, measured once per processor and cached.
+a float32 one here, measured once per processor and cached; and its mode for subnormal floats.
 
 Many CPUs have no bfloat16 arithmetic (most laptops; AMD before Zen 4; Intel without AVX512_BF16
 or AMX): there oneDNN emulates a bf16 product, about a hundred times slower than the same product
@@ -20,6 +20,14 @@ Where the verdict is used: recipe v3's Muon orthogonalizes each momentum matrix 
 `andrea.optim.Muon`). Nothing else on a CPU computes in a reduced format: autocast is CUDA's
 only, decoding, serving and the lab run in the weights' float32, and embedding snapshots store
 float16 rows but convert them to float64 before any arithmetic (`andrea.snapshots.timeline`).
+
+Subnormal floats (float32 below 1.2e-38) cost x86 many times the work of the rest. A fresh model
+makes few; a trained one can make many (tiny probabilities, gradients and moments), and then its
+step is slower than it was at the start (`benchmarks/bench_denormal.py` measures by how much).
+`flush_subnormals()` turns on the processor's flush-to-zero (`torch.set_flush_denormal`): such
+numbers become 0, which a step's sums cannot tell apart. The mode belongs to each thread, and
+torch's worker threads, started at its first parallel operation, keep the mode they started with;
+so the main job (`andrea.mainjob.run_main_job`) and `andrea train` call it before any torch work.
 """
 
 from __future__ import annotations
@@ -230,6 +238,15 @@ def _write_cached(ident: dict, verdict: Verdict) -> None:
         atomic_write_bytes(cache_file(), (json.dumps({"verdicts": entries}, indent=1) + "\n").encode())
     except (AndreaError, OSError):
         pass
+
+
+def flush_subnormals() -> bool:
+    """Flush subnormal floats to zero in this thread and in the threads torch starts after it;
+    False where the processor has no such mode. Call it before torch's first parallel operation:
+    worker threads already running keep their own mode."""
+    import torch
+
+    return torch.set_flush_denormal(True)
 
 
 def orthogonalization_dtype(device) -> "torch.dtype":  # noqa: F821 (torch is imported when asked)

@@ -220,3 +220,50 @@ def test_doctor_prints_rates_the_choice_and_the_main_jobs_steps(fresh, monkeypat
     out = capsys.readouterr().out
     assert "bfloat16: emulated (set by ANDREA_BF16)" in out and "Muon orthogonalization in float32" in out
     assert "GFLOP/s" in out  # the rates are measured for the report even when the verdict is forced
+
+
+SUBNORMAL_PRODUCT = """
+import sys, torch
+from andrea.processor import flush_subnormals
+if sys.argv[1] == "late" and torch.get_num_threads() < 2:
+    print("one thread"); raise SystemExit
+if sys.argv[1] == "late":
+    torch.randn(256, 256) @ torch.randn(256, 256)  # torch starts its worker threads here
+if sys.argv[1] != "never" and not flush_subnormals():
+    print("unsupported"); raise SystemExit
+c = torch.full((1024, 1024), 1e-20) @ torch.full((1024, 1024), 1e-21)  # every entry ~1e-38: subnormal
+print(int((c != 0).sum()))
+"""
+
+
+@pytest.mark.parametrize("when, left", [("never", "all"), ("first", "none"), ("late", "some")])
+def test_flushing_subnormals_reaches_torchs_threads_only_when_set_before_they_start(when, left):
+    """A product whose every entry is subnormal: kept whole without the mode; all 0 when
+    flush_subnormals ran first; when torch's worker threads started before it, the entries they
+    computed stay subnormal (why the training commands call it before any torch work)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", SUBNORMAL_PRODUCT, when], capture_output=True, text=True, check=True)
+    if out.stdout.strip() in ("unsupported", "one thread"):
+        pytest.skip(f"{out.stdout.strip()}: this processor has no flush-to-zero mode, or torch no worker thread")
+    nonzero = int(out.stdout)
+    assert {"all": nonzero == 1024 * 1024, "none": nonzero == 0, "some": 0 < nonzero < 1024 * 1024}[left], nonzero
+
+
+@pytest.mark.parametrize("argv", [["main", "--minutes", "1"], ["train", "--preset", "andrea-tiny"]])
+def test_the_training_commands_flush_subnormals_before_anything_else(argv, monkeypatch):
+    """`andrea main` (through andrea.mainjob.run_main_job, which benchmarks call too) and `andrea
+    train` flush subnormals before doing anything else: nothing is fetched, built or trained first."""
+    import andrea.mainjob
+
+    class First(Exception):
+        pass
+
+    def first():
+        raise First
+
+    monkeypatch.setattr(processor, "flush_subnormals", first)
+    monkeypatch.setattr(andrea.mainjob, "flush_subnormals", first)
+    with pytest.raises(First):
+        main(argv)

@@ -44,6 +44,9 @@ def cmd_train(args) -> int:
 
 
 def _train_command(args, signals) -> int:
+    from andrea.processor import flush_subnormals
+
+    flush_subnormals()  # before torch starts its worker threads (andrea.processor)
     from andrea.config import resolve_config
     from andrea.errors import AndreaError
     from andrea.train import train
