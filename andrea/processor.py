@@ -28,6 +28,7 @@ step is slower than it was at the start (`benchmarks/bench_denormal.py` measures
 numbers become 0, which a step's sums cannot tell apart. The mode belongs to each thread, and
 torch's worker threads, started at its first parallel operation, keep the mode they started with;
 so the main job (`andrea.mainjob.run_main_job`) and `andrea train` call it before any torch work.
+The mode then stays for the rest of the process, and covers Python's own float arithmetic too.
 """
 
 from __future__ import annotations

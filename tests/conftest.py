@@ -11,6 +11,15 @@ from andrea.shards import TokenData
 from andrea.tokenizer.train import train_tokenizer
 
 
+@pytest.fixture(autouse=True)
+def subnormals_as_the_processor_keeps_them():
+    """`andrea train` and the main job flush subnormal floats to zero for the rest of their process
+    (andrea.processor), Python's own floats included; after each test this thread keeps them again,
+    as hypothesis's float strategies require."""
+    yield
+    torch.set_flush_denormal(False)
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Tiny models: one torch thread beats two, and by far when other work shares the cores.
