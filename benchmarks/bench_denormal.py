@@ -1,18 +1,16 @@
 """The main job's training step on a trained model, with subnormal floats and with them flushed to zero.
 
-A float32 below 1.2e-38 is subnormal; x86 computes with such numbers many times slower than with
-the rest. A fresh model has none, but as it learns its softmaxes (the head's and attention's) put
-ever smaller probabilities, and their gradients, into that range, so the step slows down as the
-run goes on. `andrea main` and `andrea train` flush them to zero (`andrea.processor.flush_subnormals`,
-before torch starts its worker threads). This script times the main job's step (its shape, recipe
-and optimizer as `andrea main` sets them up, on batches of the run's own training tokens) on the
-model at step 0 and on the trained checkpoint, with subnormals kept (as training ran before) and
-flushed (as it runs now), each setting in a process of its own (the mode is fixed when torch's
-threads start); the settings take turns over --rounds, each round from the same weights and a new
-optimizer, and the first batch's loss shows that both compute the same step.
+Why subnormal floats slow a trained model's step, and why the training commands flush them to
+zero before torch starts its threads, is `andrea.processor`'s to say. This script times the main
+job's step (its shape, recipe and optimizer as `andrea main` sets them up, on batches of the run's
+own training tokens drawn as training draws them) on the model at step 0 and on the trained
+checkpoint, with subnormals kept (as training ran before) and flushed (as it runs now), each
+setting in a process of its own (the mode is fixed when torch's threads start); the settings take
+turns over --rounds, each round from the same weights and a new optimizer, and the first batch's
+loss shows that both compute the same step.
 
     .venv/bin/python benchmarks/bench_denormal.py                             # the newest runs/main-*
-    .venv/bin/python benchmarks/bench_denormal.py --checkpoint runs/main-corpus/segments-8192-seed-1337 runs/lr --rounds 3
+    .venv/bin/python benchmarks/bench_denormal.py --checkpoint runs/lr-2e-2/segments-8192-seed-1337 --rounds 3
 """
 
 from __future__ import annotations
@@ -35,22 +33,19 @@ sys.path.insert(0, str(HERE.parent))
 from common import machine_line, md_table, say  # noqa: E402
 
 
-def batches(data, n: int, batch: int, seq: int, seed: int = 0) -> list[torch.Tensor]:
-    """n batches of `batch` windows of seq + 1 tokens, drawn (seeded) from the run's training shards."""
-    shards = [s for source in data.sources.values() for s in source.train.shards if len(s) > seq + 1]
+def batches(data, n: int, batch: int, seq: int, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """n (inputs, targets) batches as training draws them (andrea.shards.TokenData), each of one
+    source chosen at random (seeded)."""
     rng = np.random.default_rng(seed)
+    names = data.names
     out = []
     for _ in range(n):
-        rows = []
-        for _ in range(batch):
-            shard = shards[int(rng.integers(len(shards)))]
-            start = int(rng.integers(0, len(shard) - seq - 1))
-            rows.append(np.asarray(shard[start : start + seq + 1], dtype=np.int64))
-        out.append(torch.from_numpy(np.stack(rows)))
+        source = names[int(rng.integers(len(names)))]
+        out.append(data.windows(source, data.sample_offsets(source, batch, seq, rng), seq))
     return out
 
 
-def time_steps(state: dict, cfg, data: list[torch.Tensor], warmup: int) -> tuple[list[float], float]:
+def time_steps(state: dict, cfg, data: list[tuple[torch.Tensor, torch.Tensor]], warmup: int) -> tuple[list[float], float]:
     """Seconds of each step after `warmup`, and the first batch's loss, from `state` with a new optimizer."""
     from andrea.mainjob import MainJob
     from andrea.model import ANDREA, tune_for_training
@@ -63,9 +58,9 @@ def time_steps(state: dict, cfg, data: list[torch.Tensor], warmup: int) -> tuple
     settings = MainJob().train_settings()
     opt = make_optimizer(model, settings["recipe"], settings["lr"], device="cpu", muon_lr=settings.get("muon_lr"))
     times, first = [], None
-    for i, b in enumerate(data):
+    for i, (x, y) in enumerate(data):
         start = time.perf_counter()
-        loss = model(b[:, :-1], targets=b[:, 1:])[1]
+        loss = model(x, targets=y)[1]
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)

@@ -182,10 +182,9 @@ def rate_note(args) -> str:
     """Where the runs' learning rates differ from the recipe's, which ones they were."""
     from andrea.mainjob import MainJob
 
-    job = MainJob(lr=args.lr, muon_lr=args.muon_lr)
     if args.lr is None and args.muon_lr is None:
         return ""
-    settings = job.train_settings()
+    settings = MainJob(lr=args.lr, muon_lr=args.muon_lr).train_settings()
     return f", at peak learning rates lr {settings['lr']:g}, muon_lr {settings.get('muon_lr') or settings['lr']:g} (not the recipe's)"
 
 
