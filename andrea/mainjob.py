@@ -89,6 +89,13 @@ class MainJob:
                 out[key] = getattr(self, key)
         return out
 
+    def optimizer(self, model: torch.nn.Module, device: str = "cpu") -> torch.optim.Optimizer:
+        """A new optimizer for `model` as this job's training makes it: its recipe and rates
+        (train_settings), with training's default weight decay."""
+        settings = self.train_settings()
+        return make_optimizer(model, settings["recipe"], settings["lr"], TrainConfig.weight_decay, device,
+                              muon_lr=settings.get("muon_lr"))
+
 
 def time_cpu_step(job: MainJob | None = None, steps: int = 3, warmup: int = 1) -> float:
     """Seconds per training step of the main job's CPU shape (model, batch, recipe and optimizer as
@@ -96,12 +103,12 @@ def time_cpu_step(job: MainJob | None = None, steps: int = 3, warmup: int = 1) -
     alone, without the evaluations, checkpoints and snapshots a run adds."""
 
     job = job or MainJob.on("cpu")
-    shape, settings = job.shape("cpu"), job.train_settings()
+    shape = job.shape("cpu")
     cfg = get_preset(shape["preset"])
     torch.manual_seed(job.seed)
     model = ANDREA(cfg)
     tune_for_training(model, torch.device("cpu"))
-    opt = make_optimizer(model, settings["recipe"], settings["lr"], device="cpu", muon_lr=settings.get("muon_lr"))
+    opt = job.optimizer(model)
     g = torch.Generator().manual_seed(job.seed)
     x, y = (torch.randint(0, cfg.vocab_size, (shape["batch_size"], min(shape["seq_len"], cfg.block_size)), generator=g)
             for _ in range(2))

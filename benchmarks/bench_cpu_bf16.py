@@ -71,7 +71,6 @@ def child(rounds: int, steps: int) -> dict:
     from andrea.mainjob import MainJob
     from andrea.model import ANDREA as Model
     from andrea.model import tune_for_training
-    from andrea.optim import make_optimizer
     from andrea.processor import measure
 
     verdict = measure()
@@ -81,7 +80,7 @@ def child(rounds: int, steps: int) -> dict:
            "muon_bf16_s": muon_step_seconds(torch.bfloat16, 2), "muon_f32_s": muon_step_seconds(torch.float32, 2),
            "chosen": str(chosen).replace("torch.", "")}
     job = MainJob.on("cpu")
-    shape, settings = job.shape("cpu"), job.train_settings()
+    shape = job.shape("cpu")
     from andrea.config import get_preset
 
     cfg = get_preset(shape["preset"])
@@ -92,7 +91,7 @@ def child(rounds: int, steps: int) -> dict:
         torch.manual_seed(0)
         model = Model(cfg)
         tune_for_training(model, torch.device("cpu"))
-        opt = make_optimizer(model, "v3", settings["lr"], device="cpu", muon_lr=settings.get("muon_lr"))
+        opt = job.optimizer(model)
         opt.optimizers[0].ns_dtype = ns_dtype  # the choice under test (make_optimizer's own is `chosen`)
 
         def step():

@@ -49,14 +49,12 @@ def time_steps(state: dict, cfg, data: list[tuple[torch.Tensor, torch.Tensor]], 
     """Seconds of each step after `warmup`, and the first batch's loss, from `state` with a new optimizer."""
     from andrea.mainjob import MainJob
     from andrea.model import ANDREA, tune_for_training
-    from andrea.optim import make_optimizer
 
     model = ANDREA(cfg)
     model.load_state_dict(state)
     model.train()
     tune_for_training(model, torch.device("cpu"))
-    settings = MainJob().train_settings()
-    opt = make_optimizer(model, settings["recipe"], settings["lr"], device="cpu", muon_lr=settings.get("muon_lr"))
+    opt = MainJob().optimizer(model)
     times, first = [], None
     for i, (x, y) in enumerate(data):
         start = time.perf_counter()

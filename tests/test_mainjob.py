@@ -93,6 +93,32 @@ def test_a_job_replaces_only_the_learning_rates_it_names():
     assert (cfg.lr, cfg.muon_lr, cfg.warmup_steps) == (2e-2, 5e-3, RECIPE_SETTINGS["v3"]["warmup_steps"])
 
 
+@pytest.mark.parametrize("rates", [{}, {"lr": 2e-2}, {"lr": 2e-2, "muon_lr": 5e-3}])
+def test_a_jobs_optimizer_is_the_one_its_training_makes(rates):
+    """MainJob.optimizer (what the step benchmarks time) has the groups, rates and weight decay of
+    the optimizer training builds from the job's options."""
+    import torch
+
+    from andrea.config import ModelConfig
+    from andrea.mainjob import MainJob
+    from andrea.mainjob_settings import SHAPES
+    from andrea.model import ANDREA
+    from andrea.optim import make_optimizer
+
+    torch.manual_seed(0)
+    model = ANDREA(ModelConfig(vocab_size=300, block_size=32, n_layer=1, n_head=2, n_embd=32))
+    job = MainJob(**rates)
+    cfg = job.options(SHAPES["cpu"], 32)
+    trained = make_optimizer(model, cfg.recipe, cfg.resolved_lr(), cfg.weight_decay, "cpu", muon_lr=cfg.muon_lr)
+
+    def groups(opt):
+        return [{k: v for k, v in g.items() if k != "params"} | {"params": [id(p) for p in g["params"]]}
+                for g in opt.param_groups]
+
+    assert groups(job.optimizer(model)) == groups(trained)
+    assert {g["lr"] for g in job.optimizer(model).param_groups} >= set(rates.values())
+
+
 @pytest.mark.parametrize("flag, value, why", [
     ("--segments", "0", "at least 1 and at most 65,279 (token shards hold ids below 65,536)"),
     ("--segments", "65280", "at least 1 and at most 65,279 (token shards hold ids below 65,536)"),
