@@ -165,7 +165,8 @@ class ServerProcess:
             if line.startswith("OpenAI API at "):
                 break
         self.port = int(line.split()[3].split(":")[2].split("/")[0])
-        self.threads = int(re.search(r"(\d+) torch threads", "\n".join(self.banner)).group(1))
+        found = re.search(r"(\d+) torch threads?, weights laid out for (\d+)", "\n".join(self.banner))
+        self.threads, self.layouts = int(found.group(1)), int(found.group(2))
         self.pid = self._server_pid()
         self.peak = 0
         self._sampling = True
@@ -304,7 +305,8 @@ CHAT_SOAK = [{"role": "user", "content": "Who are you"}, {"role": "assistant", "
 
 
 def references(g, texts: list[str], n_tokens: int) -> tuple[list[str], str]:
-    """The library's greedy continuations of texts, and its chat reply (run with the server's threads)."""
+    """The library's greedy continuations of texts, and its chat reply (run on as many threads as the
+    server lays its weights out for)."""
     from andrea.decoding.generate import Chat
 
     greedy = [g.generate(p, n_tokens, greedy=True) for p in texts]
@@ -441,7 +443,7 @@ def main() -> int:
     ap.add_argument("--levels", type=int, nargs="+", default=list(LEVELS), help="clients at once (default 1 4 16 64)")
     ap.add_argument("--max-batch", type=int, default=64, help="the server's --max-batch (default 64)")
     ap.add_argument("--max-queue", type=int, default=64, help="the server's --max-queue (default 64)")
-    ap.add_argument("--threads", type=int, help="the server's --threads (default: torch's choice)")
+    ap.add_argument("--threads", type=int, help="the server's --threads (default: the server's own)")
     ap.add_argument("--soak-seconds", type=float, default=300, help="the soak's length (default 300; 0: no soak)")
     ap.add_argument("--soak-clients", type=int, default=16, help="clients at once in the soak (default 16)")
     ap.add_argument("--greedy-tokens", type=int, default=48, help="new tokens of the soak's greedy requests (default 48)")
@@ -456,12 +458,13 @@ def main() -> int:
         import httpx
 
         model = httpx.get(f"http://127.0.0.1:{server.port}/v1/models", timeout=60).json()["data"][0]
-        say(f"bench_serve: server on port {server.port} ({server.threads} torch threads); references ...")
+        say(f"bench_serve: server on port {server.port} ({server.threads} torch threads, weights laid out for "
+            f"{server.layouts}); references ...")
         import torch
 
         from andrea.decoding.generate import load
 
-        torch.set_num_threads(server.threads)  # the server's: the greedy references are its tokens
+        torch.set_num_threads(server.layouts)  # as the server lays its weights out: the greedy references are its tokens
         g = load(checkpoint)
         texts = prompts(args.requests, g.tokenizer, g.config.block_size // 2)
         greedy, chat_reply = references(g, texts[:8], args.greedy_tokens)

@@ -21,8 +21,10 @@ from andrea.config import BOS, ModelConfig
 from andrea.decoding.batching import BatchDecoder, generate_batch
 from andrea.decoding.generate import Chat, generate_ids
 from andrea.decoding.generate import load as load_generator
+from andrea.decoding.plan import CPULayouts
 from andrea.errors import AndreaError
 from andrea.model import ANDREA
+from andrea.web.api import decoding_threads
 
 KEY = "sk-test-key"
 
@@ -90,6 +92,42 @@ def test_batched_greedy_is_token_for_token_each_generation_alone(threads, pos, n
     assert any(len(p) + len(a) > 32 for p, a in zip(prompts, alone))  # a window slid
 
 
+def test_batched_greedy_on_fewer_threads_than_its_layouts_is_generate_on_as_many(threads):
+    """What `andrea serve` does by default: decoding on one thread with the weights laid out for
+    two gives, token for token, what generate_ids gives alone on two threads, from the same logits."""
+    torch.manual_seed(0)
+    model = ANDREA(ModelConfig(vocab_size=300, n_embd=128, n_head=2, n_layer=2, block_size=32)).eval()
+    rng = random.Random(7)
+    prompts = [[BOS] + [rng.randrange(257, 300) for _ in range(rng.randint(0, 31))] for _ in range(4)]
+    threads(2)
+    alone = [generate_ids(model, p, 40, greedy=True) for p in prompts]
+    threads(1)
+    assert generate_batch(model, prompts, 40, 3, [0, 0, 5, 9], layout_threads=2) == alone
+
+    def logits(n_threads, layout_threads):  # a greedy row and a sampled one, bit for bit
+        threads(n_threads)
+        dec = BatchDecoder(model, 2, layout_threads)
+        a, b = dec.join(prompts[0], temperature=0), dec.join(prompts[1], temperature=0.8, seed=1)
+        out = []
+        for _ in range(5):
+            dec.feed(dec.pick())
+            out.append(torch.stack([a.logits, b.logits]))
+        return torch.stack(out)
+
+    on_two = logits(2, None)
+    assert torch.equal(logits(1, 2), on_two)
+    w, x = torch.randn(300, 128), torch.randn(1, 128)
+    if not torch.equal(CPULayouts(1)(x, "w", w), CPULayouts(2)(x, "w", w)):  # where the layouts round apart,
+        assert not torch.equal(logits(1, 1), on_two)  # laid out for one thread the step differs: the test can tell
+
+
+@pytest.mark.parametrize("own, requested, expected", [(2, None, (1, 2)), (1, None, (1, 1)), (8, None, (7, 8)),
+                                                      (2, 2, (2, 2)), (2, 3, (3, 3))])
+def test_the_server_decodes_on_a_thread_fewer_than_torchs_with_torchs_layouts(threads, own, requested, expected):
+    threads(own)
+    assert decoding_threads(requested) == expected
+
+
 @pytest.mark.parametrize("n_threads,n", [(1, 8), pytest.param(2, 5, marks=pytest.mark.slow)])
 def test_seeded_sampling_is_the_same_alone_and_in_a_crowd(threads, n_threads, n):
     threads(n_threads)
@@ -111,14 +149,14 @@ def test_seeded_sampling_is_the_same_alone_and_in_a_crowd(threads, n_threads, n)
 
 
 class Server:
-    """`andrea serve` in a subprocess on a free port, one torch thread."""
+    """`andrea serve` in a subprocess on a free port, one torch thread (unless `env` says otherwise)."""
 
     ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
-    def __init__(self, checkpoint, *args):
+    def __init__(self, checkpoint, *args, env=None):
         self.proc = subprocess.Popen([sys.executable, "-m", "andrea", "serve", "--checkpoint", str(checkpoint),
                                       "--port", "0", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, env=self.ENV)
+                                     text=True, env=env or self.ENV)
         self.lines = []
         while True:
             line = self.proc.stdout.readline()
@@ -247,6 +285,24 @@ def test_greedy_requests_arriving_together_are_each_what_andrea_generate_gives_a
                           prompts[2], "--max-new-tokens", str(limits[2]), "--greedy"], capture_output=True, text=True,
                          env=Server.ENV, timeout=120)
     assert cli.returncode == 0 and cli.stdout == results[2] + "\n"
+
+
+def test_on_two_cores_the_server_decodes_on_one_thread_and_greedy_is_still_andrea_generates(lab_checkpoint):
+    """At its default on two threads' worth of torch, the server decodes on one (HTTP keeps the
+    other) with its weights laid out for two, as `andrea generate` run alike lays them out."""
+    two = {**Server.ENV, "OMP_NUM_THREADS": "2"}
+    s = Server(lab_checkpoint, "--api-key", KEY, env=two)
+    try:
+        assert "; 1 torch thread, weights laid out for 2" in "".join(s.lines)
+        prompt = "Kings and queens talked of"
+        got = s.client().completions.create(model="lab", prompt=prompt, max_tokens=50, temperature=0).choices[0].text
+    finally:
+        rc, _, err = s.stop()
+    assert rc == 0 and "Traceback" not in err
+    cli = subprocess.run([sys.executable, "-m", "andrea", "generate", "--checkpoint", str(lab_checkpoint), "--prompt",
+                          prompt, "--max-new-tokens", "50", "--greedy"], capture_output=True, text=True, env=two,
+                         timeout=120)
+    assert cli.returncode == 0 and cli.stdout == got + "\n"
 
 
 def test_seeded_requests_repeat(server):

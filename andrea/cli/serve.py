@@ -63,10 +63,10 @@ def _serve(args) -> int:
     import torch
 
     from andrea.decoding.generate import load
-    from andrea.web.api import Served, ServeServer, model_id
+    from andrea.web.api import Served, ServeServer, decoding_threads, model_id
 
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    threads, layouts = decoding_threads(args.threads)
+    torch.set_num_threads(threads)
     generator = load(args.checkpoint, "cpu")
     cfg = generator.config
     _check(args, cfg)
@@ -76,11 +76,12 @@ def _serve(args) -> int:
     except OSError:
         created = 0
     served = Served(generator.model, generator.tokenizer, model_id(path), created)
-    server = ServeServer(served, args.host, args.port, args.api_key, args.max_batch, args.max_queue, args.drain_seconds)
+    server = ServeServer(served, args.host, args.port, args.api_key, args.max_batch, args.max_queue, args.drain_seconds,
+                         layouts)
     server.warm_up()
     print(f"andrea serve: {served.id} ({generator.model.num_params():,} parameters, context {cfg.block_size} tokens), "
-          f"up to {args.max_batch} replies decoded together and {args.max_queue} waiting; {torch.get_num_threads()} "
-          f"torch threads")
+          f"up to {args.max_batch} replies decoded together and {args.max_queue} waiting; {threads} torch "
+          f"thread{'s' if threads != 1 else ''}, weights laid out for {layouts}")
     if not server.loopback:
         print(f"note: listening on {args.host}: other machines that can reach it can use it with the API key.")
     print(f"OpenAI API at {server.url}v1 (Ctrl-C stops the server)", flush=True)
@@ -112,8 +113,10 @@ def register(sub) -> None:
     p.add_argument("--max-queue", type=int, default=64, metavar="N",
                    help="most requests waiting for a slot; more are answered 429 (default 64)")
     p.add_argument("--threads", type=int, default=None, metavar="N",
-                   help="torch threads for decoding (default: torch's choice, one per core); greedy replies equal "
-                        "`andrea generate --greedy` run with the same number (OMP_NUM_THREADS=N)")
+                   help="torch threads for decoding, and the weights laid out for as many (default: one fewer than "
+                        "torch's choice of one per core, at least 1, so HTTP keeps a core; the weights laid out as "
+                        "`andrea generate` lays them out); greedy replies equal `andrea generate --greedy`'s at the "
+                        "default, and with N, those of it run with OMP_NUM_THREADS=N")
     p.add_argument("--drain-seconds", type=float, default=30.0, metavar="S",
                    help="on SIGTERM or Ctrl-C, how long replies in flight may take to finish (default 30)")
     p.set_defaults(func=cmd_serve)

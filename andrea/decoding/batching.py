@@ -14,7 +14,9 @@ Batch invariance. The tokens of a sequence do not depend on what else is in the 
   beside it; attention runs once per sequence over its own slot's filled positions, the same call
   `andrea.decoding.generate` makes (the step is the model's own forward with `andrea.model.Rows`);
 - a greedy sequence's matrix products run on its one row alone, exactly as the decode plan of
-  `andrea.decoding.generate` runs them, so its tokens are token for token those of `andrea generate --greedy`;
+  `andrea.decoding.generate` runs them with its weights laid out for the same number of threads
+  (the layout decides a product's rounding, not how many threads compute it), so its tokens are
+  token for token those of `andrea generate --greedy`;
 - the sampled sequences' rows are multiplied together, in one product of at least `MIN_ROWS` rows
   (padded with zero rows): BLAS picks one kernel for every product of that many rows or more,
   and a row's result does not depend on the others (tests/test_web_api.py checks it on the machine
@@ -93,9 +95,10 @@ class _RowLinear:
 
 
 class BatchDecoder:
-    """Up to `max_batch` sequences decoded together on the CPU (see the module's text)."""
+    """Up to `max_batch` sequences decoded together on the CPU (see the module's text), its weights
+    laid out for `layout_threads` threads (default: torch's count now; `andrea.decoding.plan.CPULayouts`)."""
 
-    def __init__(self, model, max_batch: int):
+    def __init__(self, model, max_batch: int, layout_threads: int | None = None):
         if model.wte.weight.device.type != "cpu":
             raise AndreaError("batched decoding runs on the CPU; load the model there.")
         if not 1 <= max_batch:
@@ -104,7 +107,7 @@ class BatchDecoder:
         self.config = cfg = model.config
         self.max_batch = max_batch
         self.cache = KVCache(cfg, max_batch, cfg.block_size, dtype=model.wte.weight.dtype)
-        self.layouts = CPULayouts()
+        self.layouts = CPULayouts(layout_threads)
         self.rows = _RowLinear(self.layouts)
         self.slots: list[Sequence | None] = [None] * max_batch
 
@@ -198,10 +201,12 @@ class BatchDecoder:
         return logits[:, -1]
 
 
-def generate_batch(model, prompts, max_new_tokens, max_batch: int, arrivals=None, settings=None) -> list[list[int]]:
+def generate_batch(model, prompts, max_new_tokens, max_batch: int, arrivals=None, settings=None,
+                   layout_threads: int | None = None) -> list[list[int]]:
     """The new ids for each prompt, decoded together (stopping at BOS or after max_new_tokens, one
     number or one per prompt): prompt `i` joins at step arrivals[i] (default 0) or once a slot is
-    free, sampling with settings[i] (BatchDecoder.join's keywords; default greedy). For tests
+    free, sampling with settings[i] (BatchDecoder.join's keywords; default greedy), the weights laid
+    out for `layout_threads` (BatchDecoder's). For tests
     and measurements; the server drives a BatchDecoder itself."""
     n = len(prompts)
     arrivals = list(arrivals) if arrivals is not None else [0] * n
@@ -209,7 +214,7 @@ def generate_batch(model, prompts, max_new_tokens, max_batch: int, arrivals=None
     limits = [max_new_tokens] * n if isinstance(max_new_tokens, int) else list(max_new_tokens)
     waiting = sorted(range(len(prompts)), key=lambda i: arrivals[i])
     out: list[list[int]] = [[] for _ in prompts]
-    dec, step = BatchDecoder(model, max_batch), 0
+    dec, step = BatchDecoder(model, max_batch, layout_threads), 0
     while waiting or dec.active:
         while waiting and arrivals[waiting[0]] <= step and dec.free:
             i = waiting.pop(0)

@@ -19,6 +19,11 @@ wait in a queue of at most `max_queue`, join a free slot of `max_batch` between 
 when they end or their client hangs up; one client address cannot keep another out (the
 scheduler's sharing rule). Greedy requests (temperature 0) give the tokens of
 `andrea generate --greedy` alone; a seeded request gives the same tokens alone or among others.
+That thread computes on one torch thread fewer than torch's own count (at least one), so the
+event loop that speaks HTTP keeps a core of its own: on two cores a torch thread that must share
+its core with the event loop stalls every parallel product. The weights stay laid out for torch's
+own count, as `andrea generate` lays them out, so greedy replies keep its tokens
+(`decoding_threads`; `--threads N` sets both to N).
 
 Bounds and errors. A body over MAX_BODY bytes (413), JSON that does not parse (also a 5,000-digit
 number or nesting too deep for Python's parser), a field unknown or of the wrong type or range, a
@@ -43,6 +48,8 @@ import hmac
 import json
 import threading
 from pathlib import Path
+
+import torch
 
 from andrea.config import BOS
 from andrea.decoding.generate import chat_prompt_ids
@@ -255,18 +262,30 @@ def connection_limits() -> Limits:
     return Limits(connections, connections // 2)
 
 
+def decoding_threads(requested: int | None = None) -> tuple[int, int]:
+    """(torch threads the scheduler decodes on, threads its weights are laid out for): both
+    `requested` where given; else one fewer than torch's own count, at least one, and torch's own
+    count (see the module's text)."""
+    if requested is not None:
+        return requested, requested
+    own = torch.get_num_threads()
+    return max(1, own - 1), own
+
+
 class ServeServer(UvicornServer):
-    """`andrea serve`: uvicorn on one socket, the scheduler's thread, and the drain on a signal."""
+    """`andrea serve`: uvicorn on one socket, the scheduler's thread, and the drain on a signal.
+    The caller sets torch's thread count; `layout_threads` is the scheduler's."""
 
     def __init__(self, served: Served, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
-                 max_batch: int = 16, max_queue: int = 64, drain_seconds: float = 30.0):
+                 max_batch: int = 16, max_queue: int = 64, drain_seconds: float = 30.0,
+                 layout_threads: int | None = None):
         sock = bind(host, port)
         hosts = loopback_hosts(sock.getsockname()[0], host)
         if hosts is None and not api_key:
             sock.close()
             raise AndreaError(f"--host {host} opens the server to other machines; give an API key with --api-key KEY "
                               f"(or ANDREA_API_KEY), or serve on 127.0.0.1.")
-        self.scheduler = Scheduler(served.model, max_batch, max_queue)
+        self.scheduler = Scheduler(served.model, max_batch, max_queue, layout_threads)
         self.scheduler.on_drained = self._drained
         self.drain_seconds = drain_seconds
         self.signals = 0

@@ -95,10 +95,11 @@ class Job:
 
 class Scheduler:
     """The thread that decodes every job: a queue of at most max_queue jobs waiting for one of
-    max_batch slots, one step at a time (see the module's text)."""
+    max_batch slots, one step at a time (see the module's text); `layout_threads` is the
+    BatchDecoder's."""
 
-    def __init__(self, model, max_batch: int, max_queue: int):
-        self.decoder = BatchDecoder(model, max_batch)
+    def __init__(self, model, max_batch: int, max_queue: int, layout_threads: int | None = None):
+        self.decoder = BatchDecoder(model, max_batch, layout_threads)
         self.max_batch, self.max_queue = max_batch, max_queue
         self.waiting: collections.deque[Job] = collections.deque()
         self.cond = threading.Condition()
