@@ -206,8 +206,8 @@ def generate_batch(model, prompts, max_new_tokens, max_batch: int, arrivals=None
     """The new ids for each prompt, decoded together (stopping at BOS or after max_new_tokens, one
     number or one per prompt): prompt `i` joins at step arrivals[i] (default 0) or once a slot is
     free, sampling with settings[i] (BatchDecoder.join's keywords; default greedy), the weights laid
-    out for `layout_threads` (BatchDecoder's). For tests
-    and measurements; the server drives a BatchDecoder itself."""
+    out for `layout_threads` (BatchDecoder's). For tests and measurements; the server drives a
+    BatchDecoder itself."""
     n = len(prompts)
     arrivals = list(arrivals) if arrivals is not None else [0] * n
     settings = list(settings) if settings is not None else [{"temperature": 0.0}] * n
