@@ -79,7 +79,7 @@ def child(rounds: int, steps: int) -> dict:
            "f32_gflops": verdict.f32_gflops, "bf16_gflops": verdict.bf16_gflops, "native": verdict.native,
            "muon_bf16_s": muon_step_seconds(torch.bfloat16, 2), "muon_f32_s": muon_step_seconds(torch.float32, 2),
            "chosen": str(chosen).replace("torch.", "")}
-    job = MainJob.on("cpu")
+    job = MainJob.on("cpu", recipe="v3")  # v3's Muon: its orthogonalization's number format is the choice under test
     shape = job.shape("cpu")
     from andrea.config import get_preset
 

@@ -12,7 +12,8 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.skipif(not Path("/usr/bin/python3").exists(), reason="no system python3")
+@pytest.mark.skipif(not Path("/usr/bin/python3").exists() or not (REPO / ".venv" / "bin" / "python").exists(),
+                    reason="no system python3, or andrea set up elsewhere than the repository's .venv")
 def test_run_all_finds_the_repositorys_python_when_the_path_has_none_with_andrea(tmp_path):
     """With only the system python3 on PATH (which need not have andrea), run_all --help still
     answers: it runs itself again with the repository's .venv python. Without a .venv it says so

@@ -113,10 +113,10 @@ def register(sub) -> None:
     p.add_argument("--max-queue", type=int, default=64, metavar="N",
                    help="most requests waiting for a slot; more are answered 429 (default 64)")
     p.add_argument("--threads", type=int, default=None, metavar="N",
-                   help="torch threads for decoding, and the weights laid out for as many (default: one fewer than "
-                        "torch's choice of one per core, at least 1, so HTTP keeps a core; the weights laid out as "
-                        "`andrea generate` lays them out); greedy replies equal `andrea generate --greedy`'s at the "
-                        "default, and with N, those of it run with OMP_NUM_THREADS=N")
+                   help="torch threads for decoding, and the weights laid out for as many (default: torch's choice "
+                        "of one per core, except that on two cores it decodes on one, so HTTP keeps a core, with the "
+                        "weights laid out for two as `andrea generate` lays them out); greedy replies equal `andrea "
+                        "generate --greedy`'s at the default, and with N, those of it run with OMP_NUM_THREADS=N")
     p.add_argument("--drain-seconds", type=float, default=30.0, metavar="S",
                    help="on SIGTERM or Ctrl-C, how long replies in flight may take to finish (default 30)")
     p.set_defaults(func=cmd_serve)

@@ -30,8 +30,11 @@ plan for every new key length. Fixed-shape caches are a multiple of 64 positions
 
 Weight layouts. Decoding multiplies one row vector by each matrix, which is most of a token's
 time. On a CPU a single matrix-vector product runs on one thread, so each matrix is split by
-output columns into one (in, out/k) block per thread (zero-padded to split evenly) and multiplied
-as one batched matmul, whose blocks run in parallel. With one thread, a widening matrix is kept
+output columns into one (in, out/k) block per thread the layout is made for (zero-padded to split
+evenly) and multiplied as one batched matmul, whose blocks run in parallel. The layout, not how
+many threads then compute it, decides a product's rounding (measured bit for bit on the CPUs we
+test on; tests/test_web_api.py checks it where it runs): `andrea serve` computes a layout made
+for two threads on one, and keeps `andrea generate`'s greedy tokens. With one thread, a widening matrix is kept
 (in, out), which BLAS streams up to twice as fast as torch's (out, in) layout. (Measured on the
 2-core CPUs we test on: see benchmarks/bench_decode.py.) Elsewhere the weights are used as they
 are, except that q, k and v are stacked into one matrix once per generation instead of every step.
@@ -56,7 +59,8 @@ ALIGN = 64  # fixed-shape caches are a multiple of this many positions
 
 class CPULayouts:
     """`linear` for CPUs: each weight copied once into the layout that decodes fastest with
-    `threads` threads (default: torch's thread count when the plan is made)."""
+    `threads` threads (default: torch's thread count when the plan is made), whatever number of
+    threads then computes with it."""
 
     def __init__(self, threads: int | None = None):
         self.parts = threads or torch.get_num_threads()

@@ -19,11 +19,15 @@ wait in a queue of at most `max_queue`, join a free slot of `max_batch` between 
 when they end or their client hangs up; one client address cannot keep another out (the
 scheduler's sharing rule). Greedy requests (temperature 0) give the tokens of
 `andrea generate --greedy` alone; a seeded request gives the same tokens alone or among others.
-That thread computes on one torch thread fewer than torch's own count (at least one), so the
-event loop that speaks HTTP keeps a core of its own: on two cores a torch thread that must share
-its core with the event loop stalls every parallel product. The weights stay laid out for torch's
-own count, as `andrea generate` lays them out, so greedy replies keep its tokens
-(`decoding_threads`; `--threads N` sets both to N).
+Where torch has two threads (a two-core machine), `andrea serve` decodes on one, so the event
+loop that speaks HTTP keeps a core of its own: a torch thread that must share its core with the
+event loop stalls every parallel product (measured: BENCHMARKS.md's serving section). The
+weights stay laid out for two, as `andrea generate` lays them out, so greedy replies keep its
+tokens: the layout decides a product's rounding, not the threads that compute it
+(`andrea.decoding.plan`). With more threads it decodes on all of them, as a layout of k blocks on
+fewer than k threads would leave blocks for a second round (not measured); `--threads N` sets both
+to N (`decoding_threads`). A `ServeServer` made in-process lays out and computes on torch's count
+unless told otherwise.
 
 Bounds and errors. A body over MAX_BODY bytes (413), JSON that does not parse (also a 5,000-digit
 number or nesting too deep for Python's parser), a field unknown or of the wrong type or range, a
@@ -264,12 +268,12 @@ def connection_limits() -> Limits:
 
 def decoding_threads(requested: int | None = None) -> tuple[int, int]:
     """(torch threads the scheduler decodes on, threads its weights are laid out for): both
-    `requested` where given; else one fewer than torch's own count, at least one, and torch's own
-    count (see the module's text)."""
+    `requested` where given; else (1, 2) where torch has two threads, and torch's count for both
+    otherwise (see the module's text)."""
     if requested is not None:
         return requested, requested
     own = torch.get_num_threads()
-    return max(1, own - 1), own
+    return (1, 2) if own == 2 else (own, own)
 
 
 class ServeServer(UvicornServer):

@@ -25,6 +25,8 @@ import collections
 import threading
 import time
 
+import torch
+
 from andrea.config import BOS
 from andrea.decoding.batching import BatchDecoder
 from andrea.errors import AndreaError
@@ -286,6 +288,7 @@ class Scheduler:
         self._send(out)
 
     def _run(self) -> None:
+        torch.get_num_threads()  # this thread takes torch's count now, not at its first parallel product
         while True:
             with self.cond:
                 while not (self.waiting or self.decoder.active or self.closed):
