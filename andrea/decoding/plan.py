@@ -34,10 +34,11 @@ output columns into one (in, out/k) block per thread the layout is made for (zer
 evenly) and multiplied as one batched matmul, whose blocks run in parallel. The layout, not how
 many threads then compute it, decides a product's rounding (measured bit for bit on the CPUs we
 test on; tests/test_web_api.py checks it where it runs): `andrea serve` computes a layout made
-for two threads on one, and keeps `andrea generate`'s greedy tokens. With one thread, a widening matrix is kept
-(in, out), which BLAS streams up to twice as fast as torch's (out, in) layout. (Measured on the
-2-core CPUs we test on: see benchmarks/bench_decode.py.) Elsewhere the weights are used as they
-are, except that q, k and v are stacked into one matrix once per generation instead of every step.
+for two threads on one, and keeps `andrea generate`'s greedy tokens. With one thread, a widening
+matrix is kept (in, out), which BLAS streams up to twice as fast as torch's (out, in) layout.
+(Measured on the 2-core CPUs we test on: see benchmarks/bench_decode.py.) Elsewhere the weights
+are used as they are, except that q, k and v are stacked into one matrix once per generation
+instead of every step.
 """
 
 from __future__ import annotations
