@@ -199,6 +199,72 @@ def test_sample_next_follows_softmax_and_cuts_by_top_k_and_top_p():
     assert draws(logits, temperature=0.05).tolist() == [2000, 0, 0, 0, 0]
 
 
+def rule(logits, temperature, top_k, top_p):
+    """The sampling rule spelled out on one row, step by step (generate's module docstring)."""
+    s = logits.double()
+    s = (s - s.max()) / temperature
+    ids = torch.arange(s.numel())
+    if top_k is not None and top_k < s.numel():
+        ids = (s >= torch.topk(s, top_k).values[-1]).nonzero().squeeze(1)
+    probs = torch.softmax(s[ids], dim=-1)
+    if top_p is not None and top_p < 1:
+        sorted_probs, order = probs.sort(descending=True)
+        drop = sorted_probs.cumsum(0) - sorted_probs >= top_p
+        drop[0] = False
+        sorted_probs[drop] = 0
+        probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+    return probs, ids
+
+
+def test_rows_sampled_together_are_each_the_rule_on_the_row_alone():
+    """sample_rows takes its shortcut (top-k on the logits, then scaling only the kept tokens) and
+    batches rows: each row's probabilities are bit for bit the rule's on that row alone, ties with
+    the k-th, huge and tiny temperatures and half-precision logits included; the tokens and the
+    generators' states after the draws equal torch.multinomial's on the rule's probabilities."""
+    from andrea.decoding.generate import distributions, sample_rows
+
+    rng = torch.Generator().manual_seed(5)
+    shortcut = 0
+    for trial in range(120):
+        n, V = int(torch.randint(1, 12, (1,), generator=rng)), [7, 60, 900][trial % 3]
+        logits = torch.randn(n, V, generator=rng) * [0.5, 3.0, 30.0][trial % 3]
+        if trial % 4 == 0:
+            logits = (logits * 2).round() / 2  # ties everywhere, at the k-th too
+        logits = logits.to([torch.float32, torch.float16, torch.bfloat16][trial % 3 if trial % 5 else 0])
+        pick = lambda xs: [xs[int(j)] for j in torch.randint(len(xs), (n,), generator=rng)]  # noqa: E731
+        temps = pick([0.0, 0.8, 1.0, 2.5, 1e-300, 5e-324, 1e300, 1e308])  # 5e-324 and 1e308 merge scaled logits
+        top_ks, top_ps, greedy = pick([None, 1, 3, 40, V, V + 5]), pick([None, 1.0, 0.9, 0.01]), pick([False] * 4 + [True])
+        seeds = torch.randint(1 << 30, (n,), generator=rng).tolist()
+        drawn = [i for i in range(n) if not (greedy[i] or temps[i] == 0)]
+        together = distributions(logits[drawn], [temps[i] for i in drawn], [top_ks[i] for i in drawn],
+                                 [top_ps[i] for i in drawn])
+        for (probs, ids), i in zip(together, drawn):
+            want, want_ids = rule(logits[i], temps[i], top_ks[i], top_ps[i])
+            assert torch.equal(probs, want), (trial, i)
+            assert torch.equal(ids if ids is not None else torch.arange(V), want_ids), (trial, i)
+            shortcut += ids is not None and len(ids) == top_ks[i] and top_ks[i] < V
+        ours, theirs = [torch.Generator().manual_seed(x) for x in seeds], [torch.Generator().manual_seed(x) for x in seeds]
+        for _ in range(3):
+            got = sample_rows(logits, temps, top_ks, top_ps, greedy, ours)
+            for i in range(n):
+                if i in drawn:
+                    probs, ids = rule(logits[i], temps[i], top_ks[i], top_ps[i])
+                    assert got[i] == int(ids[int(torch.multinomial(probs, 1, generator=theirs[i]))]), (trial, i)
+                else:
+                    assert got[i] == int(logits[i].argmax()), (trial, i)
+        assert all(torch.equal(a.get_state(), b.get_state()) for a, b in zip(ours, theirs))
+    assert shortcut > 50  # the shortcut ran, not only the whole-vocabulary path
+
+
+def test_a_row_of_nan_logits_is_one_sentence_not_a_draw():
+    from andrea.decoding.generate import sample_rows
+
+    logits = torch.zeros(2, 10)
+    logits[1, 3] = float("nan")
+    with pytest.raises(AndreaError, match="NaN"):
+        sample_rows(logits, [1.0, 1.0], [None, None], [None, None], [False, False], [None, None])
+
+
 @pytest.mark.parametrize("kw, word", [
     (dict(temperature=-1.0), "temperature"), (dict(temperature=float("nan")), "temperature"),
     (dict(temperature=float("inf")), "temperature"), (dict(top_k=0), "top-k"), (dict(top_k=-3), "top-k"),

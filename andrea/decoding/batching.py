@@ -20,10 +20,13 @@ Batch invariance. The tokens of a sequence do not depend on what else is in the 
 - the sampled sequences' rows are multiplied together, in one product of at least `MIN_ROWS` rows
   (padded with zero rows): BLAS picks one kernel for every product of that many rows or more,
   and a row's result does not depend on the others (tests/test_web_api.py checks it on the machine
-  it runs on). A seeded request therefore gives the same text alone or in a crowd; it need not
-  give `andrea generate --seed`'s, whose products are of one row.
+  it runs on);
+- the step's tokens are drawn for all rows at once (`andrea.decoding.generate.sample_rows`), by
+  kernels that work row by row, each row drawing from its own generator.
 
-The rows of a step are ordered greedy first, then sampled, so each group is one slice.
+A seeded request therefore gives the same text alone or in a crowd; it need not give `andrea
+generate --seed`'s, whose products are of one row. The rows of a step are ordered greedy first,
+then sampled, so each group is one slice.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from andrea.config import BOS
-from andrea.decoding.generate import check_prompt_ids, check_sampling, sample_next, window_keep
+from andrea.decoding.generate import check_prompt_ids, check_sampling, sample_rows, window_keep
 from andrea.decoding.plan import CPULayouts, attention_kernels
 from andrea.errors import AndreaError
 from andrea.model import KVCache, Rows
@@ -159,14 +162,15 @@ class BatchDecoder:
     # ------------------------------------------------------------ one step
 
     def pick(self) -> list[tuple[Sequence, int]]:
-        """Each sequence's next token, sampled from its logits with its own generator."""
-        out = []
-        for seq in self.active:
-            greedy = seq.greedy
-            tok = sample_next(seq.logits, seq.temperature if not greedy else 1.0, seq.top_k, seq.top_p, greedy,
-                              seq.generator)
-            out.append((seq, tok))
-        return out
+        """Each sequence's next token, sampled from its logits with its own generator, all rows at
+        once (`andrea.decoding.generate.sample_rows`, whose rows do not depend on each other)."""
+        seqs = self.active
+        if not seqs:
+            return []
+        toks = sample_rows(torch.stack([s.logits for s in seqs]), [s.temperature for s in seqs],
+                           [s.top_k for s in seqs], [s.top_p for s in seqs], [s.greedy for s in seqs],
+                           [s.generator for s in seqs])
+        return list(zip(seqs, toks))
 
     def feed(self, pairs) -> None:
         """Append each (sequence, token) and compute its next logits: sequences whose window is

@@ -73,33 +73,110 @@ def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, t
 @torch.inference_mode()
 def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
                 top_p: float | None = None, greedy: bool = False, generator: torch.Generator | None = None) -> int:
-    """One token id from a (V,) vector of logits.
+    """One token id from a (V,) vector of logits: `sample_rows` on one row."""
+    return sample_rows(logits[None], [temperature], [top_k], [top_p], [greedy], [generator])[0]
 
-    The arithmetic is float64 and the largest logit is subtracted before dividing by the
-    temperature, so any temperature the checks allow (down to the smallest float above 0) gives
-    finite scaled logits of at most 0: a tiny temperature is the argmax, never a NaN. Top-p keeps
-    the most likely token whatever p is, so no p in (0, 1] leaves nothing to draw from."""
-    if greedy or temperature == 0:
-        return int(logits.argmax())
-    logits = logits.double()
-    logits = (logits - logits.max()) / temperature
-    ids = None  # which token each entry of `logits` is, where top-k has cut them (None: all, in order)
-    if top_k is not None and top_k < logits.numel():
-        # the draw runs over the tokens top-k keeps (ties with the k-th included), not the whole
-        # vocabulary: the same distribution, and a multinomial over 40 entries, not 8,449
-        kth = torch.topk(logits, top_k).values[-1]
-        ids = (logits >= kth).nonzero().squeeze(1)
-        logits = logits[ids]
-    probs = torch.softmax(logits, dim=-1)
-    if top_p is not None and top_p < 1:
-        sorted_probs, order = probs.sort(descending=True)
-        # drop a token when the tokens ranked above it already hold p; the first always stays
-        drop = sorted_probs.cumsum(0) - sorted_probs >= top_p
-        drop[0] = False
-        sorted_probs[drop] = 0
-        probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
-    pick = int(torch.multinomial(probs, 1, generator=generator))
-    return pick if ids is None else int(ids[pick])
+
+@torch.inference_mode()
+def sample_rows(logits: torch.Tensor, temperatures, top_ks, top_ps, greedy, generators) -> list[int]:
+    """One token id for each row of (N, V) logits, row i sampled with temperatures[i], top_ks[i],
+    top_ps[i], greedy[i] and its own generators[i]: the argmax where greedy or the temperature is
+    0, else one draw from its `distributions`. A row's token is the same whichever rows sit beside it."""
+    n = logits.shape[0]
+    out: list[int] = [0] * n
+    argmax = [i for i in range(n) if greedy[i] or temperatures[i] == 0]
+    if argmax:
+        for i, t in zip(argmax, _rows(logits, argmax).argmax(dim=1).tolist()):
+            out[i] = t
+    drawn = [i for i in range(n) if not (greedy[i] or temperatures[i] == 0)]
+    if not drawn:
+        return out
+    groups = _distributions(_rows(logits, drawn), [temperatures[i] for i in drawn], [top_ks[i] for i in drawn],
+                            [top_ps[i] for i in drawn])
+    for rows, probs, ids in groups:
+        if bool(probs.isnan().any()):  # (a softmax gives no infinity; a NaN or an infinity in, NaNs out)
+            raise AndreaError("the model's logits hold a NaN or an infinity; no token can be drawn from them.")
+        # torch.multinomial's own draw of one sample, for many rows at once: the argmax of p / q,
+        # q ~ Exp(1) from the row's generator (the numbers it draws; tests/test_generate.py pins it)
+        q = torch.stack([torch.empty(probs.shape[1], dtype=probs.dtype).exponential_(1, generator=generators[drawn[r]])
+                         for r in rows])
+        picks = (probs / q).argmax(dim=1, keepdim=True)
+        for r, tok in zip(rows, (picks if ids is None else ids.gather(1, picks)).squeeze(1).tolist()):
+            out[drawn[r]] = tok
+    return out
+
+
+def distributions(logits: torch.Tensor, temperatures, top_ks, top_ps) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """What each row of (N, V) logits is drawn from: (probabilities, their token ids), the ids None
+    where the probabilities are the whole vocabulary's in order.
+
+    The rule: scaled logits s = (l - max l) / temperature in float64 (the largest subtracted first,
+    so any temperature the checks allow, down to the smallest float above 0, gives finite values of
+    at most 0, never a NaN); top-k keeps the tokens whose s is at least the k-th largest s (ties
+    with the k-th included), in id order; the softmax of the kept s; then top-p keeps the most
+    likely token whatever p is, so no p in (0, 1] leaves nothing to draw from.
+
+    How it is computed, which gives those numbers bit for bit: s is a non-decreasing function of l,
+    so its k-th largest is the k-th largest l, scaled, and the tokens kept are the k largest l,
+    unless the (k+1)-th ties the k-th or scaling merges it into it (a huge or tiny temperature):
+    then the row's s is computed over the whole vocabulary. So most rows scale only the k tokens
+    they keep. Rows are computed together by kernels that work row by row, so a row's numbers do
+    not depend on the rows beside it (tests/test_generate.py checks both)."""
+    out: list = [None] * logits.shape[0]
+    for rows, probs, ids in _distributions(logits, temperatures, top_ks, top_ps):
+        for j, r in enumerate(rows):
+            out[r] = (probs[j], None if ids is None else ids[j])
+    return out
+
+
+@torch.inference_mode()
+def _distributions(logits, temperatures, top_ks, top_ps) -> list[tuple[list[int], torch.Tensor, torch.Tensor | None]]:
+    """`distributions` as groups of rows of one size: (row numbers, their probabilities, their ids)."""
+    n, V = logits.shape
+    t = torch.tensor([float(v) for v in temperatures], dtype=torch.float64)[:, None]
+    groups, whole, by_k = [], [], {}
+    for i, k in enumerate(top_ks):
+        if k is not None and k < V:
+            by_k.setdefault(int(k), []).append(i)
+        else:
+            whole.append(i)
+    for k, rows in by_k.items():
+        x, tr = _rows(logits, rows), _rows(t, rows)
+        values, ids = torch.topk(x, k + 1, dim=1)
+        values = values.double()
+        largest, kth, below = values[:, 0:1], values[:, k - 1 : k], values[:, k : k + 1]
+        # the (k+1)-th largest, scaled, stays below the k-th (no tie, no merge; a NaN or an infinity
+        # compares false): the k largest are the tokens kept
+        fast = ((below - largest) / tr < (kth - largest) / tr).squeeze(1).tolist()
+        if all(fast):
+            ids = ids[:, :k].sort(dim=1).values  # in id order, as the rule keeps them
+            s = (x.gather(1, ids).double() - largest) / tr
+            groups.append((rows, torch.softmax(s, dim=-1), ids))
+            continue
+        for i in rows:  # a tie or a merge in some row: each row by the rule itself
+            s = logits[i].double()
+            s = (s - s.max()) / t[i]
+            kept = (s >= torch.topk(s, k).values[-1]).nonzero().squeeze(1)
+            groups.append(([i], torch.softmax(s[kept], dim=-1)[None], kept[None]))
+    if whole:
+        x = _rows(logits, whole).double()
+        groups.append((whole, torch.softmax((x - x.max(dim=1, keepdim=True).values) / _rows(t, whole), dim=-1), None))
+    for rows, probs, _ in groups:
+        for j, i in enumerate(rows):
+            p = top_ps[i]
+            if p is not None and p < 1:
+                sorted_probs, order = probs[j].sort(descending=True)
+                # drop a token when the tokens ranked above it already hold p; the first always stays
+                drop = sorted_probs.cumsum(0) - sorted_probs >= p
+                drop[0] = False
+                sorted_probs[drop] = 0
+                probs[j] = torch.zeros_like(probs[j]).scatter_(0, order, sorted_probs)
+    return groups
+
+
+def _rows(x: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """x[rows], without a copy where rows are all of x's in order."""
+    return x if rows == list(range(x.shape[0])) else x[rows]
 
 
 @torch.inference_mode()
