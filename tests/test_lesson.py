@@ -362,8 +362,10 @@ def test_where_the_text_is_known_the_pairs_are_scored_on_the_last_blocks_word_ve
     pairs = [("cat", "xylophone", 1.0), ("dog", "xylophone", 2.0), ("pet", "xylophone", 3.0), ("cat", "dog", 9.0),
              ("the", "xylophone", 4.0), ("sat", "xylophone", 5.0)]
     sets = WordSets({"simlex999": pairs, "wordsim353": pairs}, [])
-    s = step_scores(Inputs(m, tok, "m", data=data, sets=sets))
+    said = []
+    s = step_scores(Inputs(m, tok, "m", data=data, sets=sets, log=said.append))
     blocks = s.numbers["blocks"]
+    assert any("uses of 6 words" in m for m in said) and any("windows" in m for m in said)  # the slow part says so
     ws = blocks["sets"]["wordsim353"]
     assert blocks["block"] == 2 and ws["of"] == 5 and ws["blocks"]["n"] == ws["input"]["n"] == ws["pairs"] == 5
     assert all(-1 <= ws[k]["rho"] <= 1 for k in ("blocks", "input")) and "block 2's word vectors" in s.how

@@ -88,6 +88,7 @@ class Inputs:
     sets: object = None
     ppmi: bool = True
     score_tables: dict = field(default_factory=dict)  # name: (V, d) table scored by `scores`; the input table by default
+    log: object = None  # where the slow steps say what they are doing (a function of one message), or None
 
 
 def _words(tokenizer, words) -> dict[str, list[int]]:
@@ -243,7 +244,7 @@ def _from_blocks(inp: Inputs, words: list[str]) -> dict | None:
     if inp.data is None or not len(inp.model.h):
         return None
     context = min(CONTEXT, inp.model.config.block_size)
-    bv = block_vectors(inp.model, inp.tokenizer, inp.data, words, context=context)
+    bv = block_vectors(inp.model, inp.tokenizer, inp.data, words, context=context, log=inp.log)
     if not bv.uses.all():
         return None
     last = bv.vectors[-1] - mean_state(inp.model, inp.data, context=context)[-1]
@@ -292,7 +293,7 @@ def _pieces_from_blocks(inp: Inputs, index: WordIndex) -> dict | None:
     if not words:
         return None
     context = min(CONTEXT, inp.model.config.block_size)
-    bv = block_vectors(inp.model, inp.tokenizer, inp.data, words, context=context)
+    bv = block_vectors(inp.model, inp.tokenizer, inp.data, words, context=context, log=inp.log)
     scores = layer_scores(bv, inp.tokenizer, WordSets(pairs, []), {"input": table(inp.model, "input")})
     last = inp.model.config.n_layer
     return {"block": last, "max_uses": bv.max_uses, "min_uses": scores["min_uses"], "context": context,
@@ -448,7 +449,7 @@ def load_inputs(checkpoint, ppmi: bool = True, sets=None, log=None) -> Inputs:
 def inputs_for(model, tokenizer, name: str, checkpoint, ppmi: bool = True, sets=None, log=None) -> Inputs:
     """A loaded model's inputs to the lesson; `checkpoint` (a file or run folder, or None for a
     fresh model) says where its snapshots and training data are."""
-    inp = Inputs(model, tokenizer, name, sets=sets if sets is not None else try_load_wordsets(log), ppmi=ppmi)
+    inp = Inputs(model, tokenizer, name, sets=sets if sets is not None else try_load_wordsets(log), ppmi=ppmi, log=log)
     if checkpoint is None:
         inp.timeline_note = inp.usage_note = "a fresh model has no run"
         return inp
