@@ -219,21 +219,27 @@ def rule(logits, temperature, top_k, top_p):
 def test_rows_sampled_together_are_each_the_rule_on_the_row_alone():
     """sample_rows takes its shortcut (top-k on the logits, then scaling only the kept tokens) and
     batches rows: each row's probabilities are bit for bit the rule's on that row alone, ties with
-    the k-th, huge and tiny temperatures and half-precision logits included; the tokens and the
-    generators' states after the draws equal torch.multinomial's on the rule's probabilities."""
+    the k-th, -inf entries, huge and tiny temperatures and logits of every float type included; the
+    tokens and the generators' states after the draws equal torch.multinomial's on the rule's
+    probabilities."""
     from andrea.decoding.generate import distributions, sample_rows
 
     rng = torch.Generator().manual_seed(5)
-    shortcut = 0
-    for trial in range(120):
-        n, V = int(torch.randint(1, 12, (1,), generator=rng)), [7, 60, 900][trial % 3]
-        logits = torch.randn(n, V, generator=rng) * [0.5, 3.0, 30.0][trial % 3]
+
+    def pick(xs, n):
+        return [xs[int(j)] for j in torch.randint(len(xs), (n,), generator=rng)]
+
+    for trial in range(160):
+        n, V = int(torch.randint(1, 12, (1,), generator=rng)), pick([7, 60, 900], 1)[0]
+        logits = torch.randn(n, V, generator=rng) * pick([0.5, 3.0, 30.0], 1)[0]
         if trial % 4 == 0:
             logits = (logits * 2).round() / 2  # ties everywhere, at the k-th too
-        logits = logits.to([torch.float32, torch.float16, torch.bfloat16][trial % 3 if trial % 5 else 0])
-        pick = lambda xs: [xs[int(j)] for j in torch.randint(len(xs), (n,), generator=rng)]  # noqa: E731
-        temps = pick([0.0, 0.8, 1.0, 2.5, 1e-300, 5e-324, 1e300, 1e308])  # 5e-324 and 1e308 merge scaled logits
-        top_ks, top_ps, greedy = pick([None, 1, 3, 40, V, V + 5]), pick([None, 1.0, 0.9, 0.01]), pick([False] * 4 + [True])
+        if trial % 3 == 0:
+            logits[torch.rand(n, V, generator=rng) < 0.3] = float("-inf")  # masked tokens
+            logits[:, 0] = 0.0  # every row keeps one token it can draw
+        logits = logits.to(pick([torch.float32, torch.float16, torch.bfloat16, torch.float64], 1)[0])
+        temps = pick([0.0, 0.8, 1.0, 2.5, 1e-300, 5e-324, 1e300, 1e308], n)  # 5e-324 and 1e308 merge scaled logits
+        top_ks, top_ps, greedy = pick([None, 1, 3, 40, V, V + 5], n), pick([None, 1.0, 0.9, 0.01], n), pick([False] * 4 + [True], n)
         seeds = torch.randint(1 << 30, (n,), generator=rng).tolist()
         drawn = [i for i in range(n) if not (greedy[i] or temps[i] == 0)]
         together = distributions(logits[drawn], [temps[i] for i in drawn], [top_ks[i] for i in drawn],
@@ -242,7 +248,6 @@ def test_rows_sampled_together_are_each_the_rule_on_the_row_alone():
             want, want_ids = rule(logits[i], temps[i], top_ks[i], top_ps[i])
             assert torch.equal(probs, want), (trial, i)
             assert torch.equal(ids if ids is not None else torch.arange(V), want_ids), (trial, i)
-            shortcut += ids is not None and len(ids) == top_ks[i] and top_ks[i] < V
         ours, theirs = [torch.Generator().manual_seed(x) for x in seeds], [torch.Generator().manual_seed(x) for x in seeds]
         for _ in range(3):
             got = sample_rows(logits, temps, top_ks, top_ps, greedy, ours)
@@ -253,16 +258,63 @@ def test_rows_sampled_together_are_each_the_rule_on_the_row_alone():
                 else:
                     assert got[i] == int(logits[i].argmax()), (trial, i)
         assert all(torch.equal(a.get_state(), b.get_state()) for a, b in zip(ours, theirs))
-    assert shortcut > 50  # the shortcut ran, not only the whole-vocabulary path
 
 
-def test_a_row_of_nan_logits_is_one_sentence_not_a_draw():
+def test_the_shortcut_takes_rows_without_a_tie_together_and_a_tie_alone():
+    from andrea.decoding.generate import _distributions
+
+    logits = torch.randn(5, 300, generator=torch.Generator().manual_seed(0))
+    groups = _distributions(logits, [0.8] * 5, [40] * 5, [None] * 5)
+    assert [(rows, tuple(p.shape)) for rows, p, _ in groups] == [([0, 1, 2, 3, 4], (5, 40))]
+    tied = logits.clone()
+    tied[2, tied[2].topk(41).indices[-1]] = tied[2].topk(40).values[-1]  # row 2's 41st ties its 40th
+    groups = _distributions(tied, [0.8] * 5, [40] * 5, [None] * 5)
+    assert [(rows, tuple(p.shape)) for rows, p, _ in groups] == [([i], (1, 41 if i == 2 else 40)) for i in range(5)]
+    merged = _distributions(logits, [5e-324] * 5, [40] * 5, [None] * 5)  # every scaled logit but the top is -inf
+    assert [tuple(p.shape) for _, p, _ in merged] == [(1, 300)] * 5
+
+
+def test_rows_sharing_a_generator_draw_as_calls_one_after_another():
     from andrea.decoding.generate import sample_rows
 
-    logits = torch.zeros(2, 10)
-    logits[1, 3] = float("nan")
-    with pytest.raises(AndreaError, match="NaN"):
-        sample_rows(logits, [1.0, 1.0], [None, None], [None, None], [False, False], [None, None])
+    logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(1))
+    kw = dict(temperatures=[0.9, 0.0, 1.2, 0.9, 1.0, 0.7], top_ks=[None, None, 5, 5, 50, 3], top_ps=[None, None, 0.8, None, None, None],
+              greedy=[False] * 6)
+    g, h = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
+    got = sample_rows(logits, generators=[g] * 6, **kw)
+    assert got == [sample_next(logits[i], kw["temperatures"][i], kw["top_ks"][i], kw["top_ps"][i], generator=h) for i in range(6)]
+    torch.manual_seed(3)
+    got = sample_rows(logits, generators=[None] * 6, **kw)
+    torch.manual_seed(3)
+    assert got == [sample_next(logits[i], kw["temperatures"][i], kw["top_ks"][i], kw["top_ps"][i]) for i in range(6)]
+
+
+def test_sampling_makes_its_tensors_on_the_logits_device():
+    """Under another default device (meta), every tensor sampling makes must still be on the logits'
+    own: the CPU stand-in for logits on a GPU, where a CPU tensor cannot join the products."""
+    from andrea.decoding.generate import sample_rows
+
+    logits = torch.randn(4, 60, generator=torch.Generator().manual_seed(2))
+    args = ([0.8, 1.0, 5e-324, 0.0], [5, None, 5, None], [None, 0.9, None, None], [False] * 4)
+    want = sample_rows(logits, *args, [torch.Generator().manual_seed(s) for s in range(4)])
+    with torch.device("meta"):
+        assert sample_rows(logits, *args, [torch.Generator().manual_seed(s) for s in range(4)]) == want
+
+
+@pytest.mark.parametrize("row, kw", [
+    ([0.0, float("nan"), 1.0], {}), ([0.0, float("nan"), 1.0], {"top_k": 2}), ([0.0, float("nan"), 1.0], {"top_k": 2, "top_p": 0.5}),
+    ([float("inf"), 0.0, 1.0], {}), ([float("inf"), 0.0, 1.0], {"top_k": 1}), ([float("-inf")] * 3, {}),
+    ([float("-inf")] * 3, {"top_k": 1}),
+])
+def test_logits_with_nothing_to_draw_from_are_one_sentence(row, kw):
+    from andrea.decoding.generate import sample_rows
+
+    with pytest.raises(AndreaError, match="no token can be drawn"):
+        sample_next(torch.tensor(row), **kw)
+    with pytest.raises(AndreaError, match="no token can be drawn"):  # beside a good row too
+        sample_rows(torch.tensor([[0.0, 1.0, 2.0], row]), [1.0, 1.0], [kw.get("top_k")] * 2, [kw.get("top_p")] * 2,
+                    [False, False], [None, None])
+    assert sample_next(torch.tensor(row), greedy=True) in (0, 1, 2)  # the argmax needs no distribution
 
 
 @pytest.mark.parametrize("kw, word", [

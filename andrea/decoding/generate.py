@@ -80,8 +80,10 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
 @torch.inference_mode()
 def sample_rows(logits: torch.Tensor, temperatures, top_ks, top_ps, greedy, generators) -> list[int]:
     """One token id for each row of (N, V) logits, row i sampled with temperatures[i], top_ks[i],
-    top_ps[i], greedy[i] and its own generators[i]: the argmax where greedy or the temperature is
-    0, else one draw from its `distributions`. A row's token is the same whichever rows sit beside it."""
+    top_ps[i], greedy[i] and generators[i]: the argmax where greedy[i] or the temperature is 0,
+    else one draw from its `distributions`, the rows drawing one after another (so rows that share
+    a generator, or use torch's default one, draw as N calls of `sample_next` would). A row's token
+    does not depend on the rows beside it, only on its own generator."""
     n = logits.shape[0]
     out: list[int] = [0] * n
     argmax = [i for i in range(n) if greedy[i] or temperatures[i] == 0]
@@ -93,14 +95,14 @@ def sample_rows(logits: torch.Tensor, temperatures, top_ks, top_ps, greedy, gene
         return out
     groups = _distributions(_rows(logits, drawn), [temperatures[i] for i in drawn], [top_ks[i] for i in drawn],
                             [top_ps[i] for i in drawn])
+    # torch.multinomial's own draw of one sample, for many rows at once: the argmax of p / q, q ~
+    # Exp(1) of the row's size from the row's generator, drawn in row order (tests/test_generate.py
+    # pins it to torch.multinomial)
+    size = {r: probs.shape[1] for rows, probs, _ in groups for r in rows}
+    q = {r: torch.empty(size[r], dtype=torch.float64, device=logits.device).exponential_(1, generator=generators[i])
+         for r, i in enumerate(drawn)}
     for rows, probs, ids in groups:
-        if bool(probs.isnan().any()):  # (a softmax gives no infinity; a NaN or an infinity in, NaNs out)
-            raise AndreaError("the model's logits hold a NaN or an infinity; no token can be drawn from them.")
-        # torch.multinomial's own draw of one sample, for many rows at once: the argmax of p / q,
-        # q ~ Exp(1) from the row's generator (the numbers it draws; tests/test_generate.py pins it)
-        q = torch.stack([torch.empty(probs.shape[1], dtype=probs.dtype).exponential_(1, generator=generators[drawn[r]])
-                         for r in rows])
-        picks = (probs / q).argmax(dim=1, keepdim=True)
+        picks = (probs / torch.stack([q[r] for r in rows])).argmax(dim=1, keepdim=True)
         for r, tok in zip(rows, (picks if ids is None else ids.gather(1, picks)).squeeze(1).tolist()):
             out[drawn[r]] = tok
     return out
@@ -114,7 +116,8 @@ def distributions(logits: torch.Tensor, temperatures, top_ks, top_ps) -> list[tu
     so any temperature the checks allow, down to the smallest float above 0, gives finite values of
     at most 0, never a NaN); top-k keeps the tokens whose s is at least the k-th largest s (ties
     with the k-th included), in id order; the softmax of the kept s; then top-p keeps the most
-    likely token whatever p is, so no p in (0, 1] leaves nothing to draw from.
+    likely token whatever p is, so no p in (0, 1] leaves nothing to draw from. A row that holds a
+    NaN or +inf, or only -inf, has nothing to draw from: an AndreaError says so.
 
     How it is computed, which gives those numbers bit for bit: s is a non-decreasing function of l,
     so its k-th largest is the k-th largest l, scaled, and the tokens kept are the k largest l,
@@ -129,11 +132,15 @@ def distributions(logits: torch.Tensor, temperatures, top_ks, top_ps) -> list[tu
     return out
 
 
+NOTHING_TO_DRAW = "the model's logits hold a NaN or +inf, or only -inf: no token can be drawn from them."
+
+
 @torch.inference_mode()
 def _distributions(logits, temperatures, top_ks, top_ps) -> list[tuple[list[int], torch.Tensor, torch.Tensor | None]]:
-    """`distributions` as groups of rows of one size: (row numbers, their probabilities, their ids)."""
+    """`distributions` as groups of rows of one size: (row numbers, their probabilities, their ids).
+    A row the shortcut takes sits in its k's one group; a row computed whole, in a group of its own."""
     n, V = logits.shape
-    t = torch.tensor([float(v) for v in temperatures], dtype=torch.float64)[:, None]
+    t = torch.tensor([float(v) for v in temperatures], dtype=torch.float64, device=logits.device)[:, None]
     groups, whole, by_k = [], [], {}
     for i, k in enumerate(top_ks):
         if k is not None and k < V:
@@ -156,11 +163,16 @@ def _distributions(logits, temperatures, top_ks, top_ps) -> list[tuple[list[int]
         for i in rows:  # a tie or a merge in some row: each row by the rule itself
             s = logits[i].double()
             s = (s - s.max()) / t[i]
+            if bool(s.isnan().any()):
+                raise AndreaError(NOTHING_TO_DRAW)
             kept = (s >= torch.topk(s, k).values[-1]).nonzero().squeeze(1)
             groups.append(([i], torch.softmax(s[kept], dim=-1)[None], kept[None]))
     if whole:
         x = _rows(logits, whole).double()
-        groups.append((whole, torch.softmax((x - x.max(dim=1, keepdim=True).values) / _rows(t, whole), dim=-1), None))
+        probs = torch.softmax((x - x.max(dim=1, keepdim=True).values) / _rows(t, whole), dim=-1)
+        if bool(probs.isnan().any()):  # NaN or +inf in, or only -inf: NaNs out
+            raise AndreaError(NOTHING_TO_DRAW)
+        groups.append((whole, probs, None))
     for rows, probs, _ in groups:
         for j, i in enumerate(rows):
             p = top_ps[i]
