@@ -3,11 +3,12 @@
 The server runs as `andrea serve` under `/usr/bin/time -v` on 127.0.0.1; the clients are asyncio
 connections from this process (plain HTTP/1.1, so the load generator costs little of the CPU the
 server shares). The same set of requests (prompts of different lengths, each with its own seed)
-is sent one at a time and by 4, 16 and 64 clients at once; for each, side by side: aggregate
-tokens/s, time to first token and per-token latency (p50, p95; per token: a request's time after
-its first token over its further tokens), and the server's peak RSS (VmRSS sampled from /proc
+is sent one at a time and by 4, 16 and 64 clients at once, --rounds times (the levels taking
+turns); for each level, side by side: aggregate tokens/s (the median round's, and every round's),
+time to first token and per-token latency (p50, p95 over every round; per token: a request's time
+after its first token over its further tokens), and the server's peak RSS (VmRSS sampled from /proc
 while the level ran). Seeded replies do not depend on the batch, so every request's text must be
-the same at every level, and the script checks it.
+the same at every level and in every round, and the script checks it.
 
 The soak then runs clients for --soak-seconds with a mix of good requests (streamed and not,
 seeded and greedy; greedy ones are compared with the library's greedy generation of the same
@@ -258,31 +259,44 @@ def pct(values, q: float) -> float:
     return values[min(len(values) - 1, max(0, round(q * (len(values) - 1))))]
 
 
-def levels(server: ServerProcess, requests: list[dict], level_list) -> tuple[list[list], dict, list[str], list[str]]:
-    """(table rows, figures by level, notes, the texts): each level's run of the whole request set."""
-    rows, figures, texts, notes = [], {}, {}, []
+def levels(server: ServerProcess, requests: list[dict], level_list, rounds: int) -> tuple[list[list], dict, list[str], list[str]]:
+    """(table rows, figures by level, notes, the texts): the whole request set at each level, `rounds`
+    times, the levels taking turns (so a slower spell of the machine falls on every level alike).
+    Tokens/s and seconds are the median round's; the latencies are over every round's requests."""
+    runs: dict[int, list] = {c: [] for c in level_list}  # clients: [(results, seconds)] a round
+    peak = {c: 0 for c in level_list}
+    for r in range(rounds):
+        for clients in level_list:
+            server.reset_peak()
+            results, seconds = asyncio.run(run_level(server.port, requests, clients))
+            runs[clients].append((results, seconds))
+            peak[clients] = max(peak[clients], server.peak)
+            tokens = sum(x.tokens for x in results)
+            say(f"bench_serve: round {r + 1} of {rounds}, {clients} clients: {tokens / seconds:.0f} tokens/s")
+    rows, figures, notes = [], {}, []
+    first = [x.text for x in runs[level_list[0]][0][0]]
     for clients in level_list:
-        server.reset_peak()
-        results, seconds = asyncio.run(run_level(server.port, requests, clients))
-        bad = [r for r in results if r.status != 200 or r.error or r.finish not in ("stop", "length")]
+        every = [x for results, _ in runs[clients] for x in results]
+        bad = [x for x in every if x.status != 200 or x.error or x.finish not in ("stop", "length")]
         if bad:
             notes.append(f"{clients} clients: {len(bad)} requests failed (first: status {bad[0].status}, {bad[0].error})")
-        tokens = sum(r.tokens for r in results)
-        f = {"tps": tokens / seconds, "ttft50": pct([r.ttft for r in results], 0.5),
-             "ttft95": pct([r.ttft for r in results], 0.95), "tok50": pct([r.per_token for r in results], 0.5),
-             "tok95": pct([r.per_token for r in results], 0.95), "rss": server.peak, "tokens": tokens}
+        tps = sorted((sum(x.tokens for x in results) / seconds, seconds, sum(x.tokens for x in results))
+                     for results, seconds in runs[clients])
+        middle, seconds, tokens = tps[len(tps) // 2]
+        f = {"tps": middle, "rounds": [sum(x.tokens for x in results) / sec for results, sec in runs[clients]], "ttft50": pct([x.ttft for x in every], 0.5),
+             "ttft95": pct([x.ttft for x in every], 0.95), "tok50": pct([x.per_token for x in every], 0.5),
+             "tok95": pct([x.per_token for x in every], 0.95), "rss": peak[clients], "tokens": tokens}
         figures[clients] = f
-        texts[clients] = [r.text for r in results]
         base = figures[level_list[0]]["tps"]
-        rows.append([("1 (one at a time)" if clients == 1 else str(clients)), len(results), f"{tokens:,}",
-                     f"{seconds:.1f}", f"{f['tps']:.0f}", f"{f['tps'] / base:.2f}×", f"{f['ttft50'] * 1e3:.0f} ms",
+        rows.append([("1 (one at a time)" if clients == 1 else str(clients)), len(requests), f"{tokens:,}",
+                     f"{seconds:.1f}", f"{f['tps']:.0f}", f"{f['tps'] / base:.2f}×",
+                     " / ".join(f"{t:.0f}" for t in f["rounds"]), f"{f['ttft50'] * 1e3:.0f} ms",
                      f"{f['ttft95'] * 1e3:.0f} ms", f"{f['tok50'] * 1e3:.1f} ms", f"{f['tok95'] * 1e3:.1f} ms",
                      f"{f['rss'] / 2**20:.0f} MiB"])
-        say(f"bench_serve: {clients} clients: {f['tps']:.0f} tokens/s, TTFT p95 {f['ttft95'] * 1e3:.0f} ms")
-    same = all(texts[c] == texts[level_list[0]] for c in level_list)
-    notes.append(f"every request's text is the same at every level (seeded replies do not depend on the batch): "
-                 f"{'yes' if same else 'NO'}")
-    return rows, figures, notes, texts[level_list[0]]
+    same = all([x.text for x in results] == first for c in level_list for results, _ in runs[c])
+    notes.append(f"every request's text is the same at every level and in every round (seeded replies do not depend "
+                 f"on the batch): {'yes' if same else 'NO'}")
+    return rows, figures, notes, first
 
 
 # ---------------------------------------------------------------- the soak
@@ -399,8 +413,11 @@ def print_levels(args, server: ServerProcess, model: dict, rows, figures, notes)
     print(f"requests: {args.requests}, streamed, prompts of 1 to 6 sentences (at most half the context), up to {args.max_tokens} new tokens each, "
           f"temperature {args.temperature:g}, top-k 40, each its own seed; the same set at every level")
     print()
-    print(md_table(["clients", "requests", "tokens", "seconds", "tokens/s", "× one at a time", "TTFT p50", "TTFT p95",
-                    "per token p50", "per token p95", "server RSS peak"], rows))
+    print(f"each level {args.rounds} times, the levels taking turns; tokens, seconds and tokens/s: the median round; "
+          f"latencies over every round's requests")
+    print()
+    print(md_table(["clients", "requests", "tokens", "seconds", "tokens/s", "× one at a time", "tokens/s by round",
+                    "TTFT p50", "TTFT p95", "per token p50", "per token p95", "server RSS peak"], rows))
     print()
     for note in notes:
         print(f"- {note}")
@@ -441,6 +458,7 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=128, help="new tokens per request at most (default 128)")
     ap.add_argument("--temperature", type=float, default=0.8, help="of the request set (default 0.8; 0 is greedy)")
     ap.add_argument("--levels", type=int, nargs="+", default=list(LEVELS), help="clients at once (default 1 4 16 64)")
+    ap.add_argument("--rounds", type=int, default=3, help="times each level sends the set, taking turns (default 3)")
     ap.add_argument("--max-batch", type=int, default=64, help="the server's --max-batch (default 64)")
     ap.add_argument("--max-queue", type=int, default=64, help="the server's --max-queue (default 64)")
     ap.add_argument("--threads", type=int, help="the server's --threads (default: the server's own)")
@@ -450,6 +468,8 @@ def main() -> int:
     args = ap.parse_args()
     if args.levels[0] != 1:
         ap.error("--levels must start with 1 (one at a time): the other levels are compared with it.")
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1.")
     checkpoint = args.checkpoint or newest_main_checkpoint()
     work = Path(tempfile.mkdtemp(prefix="bench-serve-"))
     server = ServerProcess(checkpoint, args.max_batch, args.max_queue, work / "server.log", args.threads)
@@ -469,7 +489,7 @@ def main() -> int:
         texts = prompts(args.requests, g.tokenizer, g.config.block_size // 2)
         greedy, chat_reply = references(g, texts[:8], args.greedy_tokens)
         requests = request_set(texts, args.max_tokens, args.temperature)
-        rows, figures, notes, replies = levels(server, requests, args.levels)
+        rows, figures, notes, replies = levels(server, requests, args.levels, args.rounds)
         print_levels(args, server, model, rows, figures, notes)
         sys.stdout.flush()
         if args.soak_seconds > 0:
