@@ -411,10 +411,9 @@ def print_levels(args, server: ServerProcess, model: dict, rows, figures, notes)
     print(f"server: {server.banner[0].removeprefix('andrea serve: ')}; --max-batch {args.max_batch} --max-queue "
           f"{args.max_queue}{f' --threads {args.threads}' if args.threads else ''}; on 127.0.0.1, the clients in this process (asyncio, plain HTTP/1.1)")
     print(f"requests: {args.requests}, streamed, prompts of 1 to 6 sentences (at most half the context), up to {args.max_tokens} new tokens each, "
-          f"temperature {args.temperature:g}, top-k 40, each its own seed; the same set at every level")
-    print()
-    print(f"each level {args.rounds} times, the levels taking turns; tokens, seconds and tokens/s: the median round; "
-          f"latencies over every round's requests")
+          f"temperature {args.temperature:g}, top-k 40, each its own seed; the same set at every level, each level "
+          f"{args.rounds} times, the levels taking turns (tokens, seconds and tokens/s: the median round; latencies over "
+          f"every round's requests)")
     print()
     print(md_table(["clients", "requests", "tokens", "seconds", "tokens/s", "× one at a time", "tokens/s by round",
                     "TTFT p50", "TTFT p95", "per token p50", "per token p95", "server RSS peak"], rows))
