@@ -97,7 +97,7 @@ def sample_rows(logits: torch.Tensor, temperatures, top_ks, top_ps, greedy, gene
                             [top_ps[i] for i in drawn])
     # torch.multinomial's own draw of one sample, for many rows at once: the argmax of p / q, q ~
     # Exp(1) of the row's size from the row's generator, drawn in row order (tests/test_generate.py
-    # pins it to torch.multinomial)
+    # pins it to torch.multinomial). A group's row r is drawn[r], a row of `logits`.
     size = {r: probs.shape[1] for rows, probs, _ in groups for r in rows}
     q = {r: torch.empty(size[r], dtype=torch.float64, device=logits.device).exponential_(1, generator=generators[i])
          for r, i in enumerate(drawn)}
