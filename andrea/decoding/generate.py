@@ -160,19 +160,12 @@ def _distributions(logits, temperatures, top_ks, top_ps) -> list[tuple[list[int]
             s = (x.gather(1, ids).double() - largest) / tr
             groups.append((rows, torch.softmax(s, dim=-1), ids))
             continue
-        for i in rows:  # a tie or a merge in some row: each row by the rule itself
-            s = logits[i].double()
-            s = (s - s.max()) / t[i]
-            if bool(s.isnan().any()):
-                raise AndreaError(NOTHING_TO_DRAW)
-            kept = (s >= torch.topk(s, k).values[-1]).nonzero().squeeze(1)
-            groups.append(([i], torch.softmax(s[kept], dim=-1)[None], kept[None]))
+        s = _scaled(x, tr)  # a tie or a merge in some row: each row by the rule itself, over all V
+        for j, i in enumerate(rows):
+            kept = (s[j] >= torch.topk(s[j], k).values[-1]).nonzero().squeeze(1)
+            groups.append(([i], torch.softmax(s[j, kept], dim=-1)[None], kept[None]))
     if whole:
-        x = _rows(logits, whole).double()
-        probs = torch.softmax((x - x.max(dim=1, keepdim=True).values) / _rows(t, whole), dim=-1)
-        if bool(probs.isnan().any()):  # NaN or +inf in, or only -inf: NaNs out
-            raise AndreaError(NOTHING_TO_DRAW)
-        groups.append((whole, probs, None))
+        groups.append((whole, torch.softmax(_scaled(_rows(logits, whole), _rows(t, whole)), dim=-1), None))
     for rows, probs, _ in groups:
         for j, i in enumerate(rows):
             p = top_ps[i]
@@ -184,6 +177,16 @@ def _distributions(logits, temperatures, top_ks, top_ps) -> list[tuple[list[int]
                 sorted_probs[drop] = 0
                 probs[j] = torch.zeros_like(probs[j]).scatter_(0, order, sorted_probs)
     return groups
+
+
+def _scaled(logits: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """The rule's s over the whole vocabulary, (l - the row's max) / t in float64; an AndreaError
+    where a row has nothing to draw from (a NaN or +inf in it, or only -inf, make NaNs)."""
+    s = logits.double()
+    s = (s - s.max(dim=1, keepdim=True).values) / t
+    if bool(s.isnan().any()):
+        raise AndreaError(NOTHING_TO_DRAW)
+    return s
 
 
 def _rows(x: torch.Tensor, rows: list[int]) -> torch.Tensor:
