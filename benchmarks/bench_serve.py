@@ -280,10 +280,9 @@ def levels(server: ServerProcess, requests: list[dict], level_list, rounds: int)
         bad = [x for x in every if x.status != 200 or x.error or x.finish not in ("stop", "length")]
         if bad:
             notes.append(f"{clients} clients: {len(bad)} requests failed (first: status {bad[0].status}, {bad[0].error})")
-        tps = sorted((sum(x.tokens for x in results) / seconds, seconds, sum(x.tokens for x in results))
-                     for results, seconds in runs[clients])
-        middle, seconds, tokens = tps[len(tps) // 2]
-        f = {"tps": middle, "rounds": [sum(x.tokens for x in results) / sec for results, sec in runs[clients]], "ttft50": pct([x.ttft for x in every], 0.5),
+        done = [(sum(x.tokens for x in results), sec) for results, sec in runs[clients]]  # (tokens, seconds) a round
+        tokens, seconds = sorted(done, key=lambda d: d[0] / d[1])[len(done) // 2]
+        f = {"tps": tokens / seconds, "rounds": [t / sec for t, sec in done], "ttft50": pct([x.ttft for x in every], 0.5),
              "ttft95": pct([x.ttft for x in every], 0.95), "tok50": pct([x.per_token for x in every], 0.5),
              "tok95": pct([x.per_token for x in every], 0.95), "rss": peak[clients], "tokens": tokens}
         figures[clients] = f
