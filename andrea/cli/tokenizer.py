@@ -183,6 +183,7 @@ def _add_tokenizer_arg(p) -> None:
 
 
 def register(sub) -> None:
+    from andrea.mainjob_settings import MAIN_SEGMENTS
     from andrea.tokenizer.train import TRAINER_VERSION, TRAINER_VERSIONS
 
     p = sub.add_parser("tokenizer", help="the Harris tokenizer: train, encode, decode, inspect, words")
@@ -202,8 +203,9 @@ def register(sub) -> None:
                         "evenly and deterministically across each source's files (default 200M; K, M, G suffixes)")
     t.add_argument("--text-field", default="text", metavar="NAME",
                    help="the JSONL field or parquet column that holds the text (default text)")
-    t.add_argument("--segments", type=int, default=8192, metavar="N",
-                   help="how many segments (default 8,192, V = 8,449, as the main job; andrea-12m uses 2,048)")
+    t.add_argument("--segments", type=int, default=MAIN_SEGMENTS, metavar="N",
+                   help=f"how many segments (default {MAIN_SEGMENTS:,}, V = {MAIN_SEGMENTS + 257:,}, as the main job; "
+                        "andrea-12m uses 2,048)")
     t.add_argument("--trainer-version", type=int, choices=TRAINER_VERSIONS, default=TRAINER_VERSION, metavar="V",
                    help="how segments are selected: 5 (default) marks word ends, so that a whole word's token (' cat</w>') "
                         "is that word alone and the plain ' cat' only begins longer words; 4 scores a segment by what "
