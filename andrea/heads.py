@@ -11,9 +11,9 @@ each head's mean attention weight on the key of a kind:
                 head attends to, to predict that the sequence goes on as it did
 
 Why the most used: an induction head matches a token to its earlier copy, and a token a small run
-has hardly seen keeps a row near its random start, which no head can match; over every segment
-of the main job's V of 8,961, a 15-minute run's rare tokens would score the heads' lack of data,
-not their kind (`score_heads(common=None)` draws from all of them, for comparison). Why r is at most RANDOM_LEN
+has hardly seen keeps a row near its random start, which no head can match; over all 8,704
+segments of the main job's vocabulary, a 15-minute run's rare tokens would score the heads' lack
+of data, not their kind (`score_heads(common=None)` draws from all of them, for comparison). Why r is at most RANDOM_LEN
 = 32 tokens: a head learns the distances it is shown. benchmarks/bench_induction.py trains on
 copies at most 32 tokens apart and scores its final models at several lengths of r (`score_heads(
 n=...)`; BENCHMARKS.md, "When an induction head forms"): heads that copy at 32 score far less at

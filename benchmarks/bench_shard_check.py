@@ -1,6 +1,6 @@
 """What checking a data folder's shards costs before a run's first step (`andrea.shards.verify_shards`).
 
-A data folder of random ids (V = 8,449, the default tokenizer's) is written in shards of
+A data folder of random ids (V = 8,961, the main job's tokenizer's) is written in shards of
 --shard-tokens, with a manifest recording each shard's SHA-256 and largest id, as `andrea prepare`
 writes them. The check is then run three times: in full (every shard read: numpy's max and
 hashlib's SHA-256 block by block), again (every shard found unchanged in verified.json: a stat
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from andrea.shards import MANIFEST_VERSION, VERIFIED_FILE, TokenData, verify_shards, write_shard  # noqa: E402
 from benchmarks.common import machine_line, md_table  # noqa: E402
 
-V = 8449
+V = 8961
 
 
 def make_folder(folder: Path, tokens: int, shard_tokens: int, seed: int = 0) -> None:

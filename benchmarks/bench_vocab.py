@@ -18,7 +18,7 @@ several seeds, a row of means ± standard deviations follows each count's runs.
 
     .venv/bin/python benchmarks/bench_vocab.py                               # 4096 6144 8192, 6 min each
     .venv/bin/python benchmarks/bench_vocab.py --segments 6144 8192 --minutes 3 --out runs/vocab
-    .venv/bin/python benchmarks/bench_vocab.py --segments 6144 --seeds 1337 1338 1339 --minutes 15   # the main job, 3 seeds
+    .venv/bin/python benchmarks/bench_vocab.py --segments 8704 --seeds 1337 1338 1339 --minutes 15   # the main job, 3 seeds
     .venv/bin/python benchmarks/bench_vocab.py --segments 8192 --minutes 15 --lr 2e-2 --muon-lr 6e-3 --out runs/lr   # other rates
 
 `--lr` and `--muon-lr` replace the recipe's peak learning rates (v3: the AdamW groups' and the

@@ -283,7 +283,7 @@ def cmd_cli(args) -> int:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(HERE.parent), os.environ.get("PYTHONPATH")])))
     with tempfile.TemporaryDirectory(prefix="gpu-bench-") as tmp:
         run = Path(tmp) / "run"
-        # the model's body with the shards' vocabulary (the main job's 6,144 segments on the GPU too), so any
+        # the model's body with the shards' vocabulary (the main job's segments on the GPU too), so any
         # prepared folder does
         from andrea.shards import TokenData
 
