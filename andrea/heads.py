@@ -13,8 +13,8 @@ each head's mean attention weight on the key of a kind:
 Why the most used: an induction head matches a token to its earlier copy, and a token a small run
 has hardly seen keeps a row near its random start, which no head can match; over all 8,704
 segments of the main job's vocabulary, a 15-minute run's rare tokens would score the heads' lack
-of data, not their kind (`score_heads(common=None)` draws from all of them, for comparison). Why r is at most RANDOM_LEN
-= 32 tokens: a head learns the distances it is shown. benchmarks/bench_induction.py trains on
+of data, not their kind (`score_heads(common=None)` draws from all of them, for comparison). Why
+r is at most RANDOM_LEN = 32 tokens: a head learns the distances it is shown. benchmarks/bench_induction.py trains on
 copies at most 32 tokens apart and scores its final models at several lengths of r (`score_heads(
 n=...)`; BENCHMARKS.md, "When an induction head forms"): heads that copy at 32 score far less at
 63. The score asks whether a head copies, not how far. A kind is present when its best head's score passes PRESENT (0.3). Even attention

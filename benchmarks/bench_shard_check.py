@@ -24,10 +24,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from andrea.config import get_preset  # noqa: E402
 from andrea.shards import MANIFEST_VERSION, VERIFIED_FILE, TokenData, verify_shards, write_shard  # noqa: E402
 from benchmarks.common import machine_line, md_table  # noqa: E402
 
-V = 8961
+V = get_preset("andrea-cpu").vocab_size  # the main job's
 
 
 def make_folder(folder: Path, tokens: int, shard_tokens: int, seed: int = 0) -> None:
