@@ -4,18 +4,19 @@ FLOPs per trained token follow the usual rule: 6·N for the matmuls of forward a
 parameters that multiply (everything but the two lookup tables), plus 12·L·T·d for attention's
 QKᵀ and AV products over a context of T. MFU = achieved FLOP/s ÷ peak.
 
-Peaks are bf16 dense tensor-core figures from the vendors' data sheets. On a CPU there is no data
-sheet figure we can trust, so the peak is measured: the fastest of a few large fp32 matmuls with
-all threads.
+On a GPU the peak is the bf16 dense tensor-core figure from the vendor's data sheet. On a CPU there
+is no data sheet figure we can trust, so the peak is measured: the rate of the product
+`andrea doctor` times, in the number format the training step runs in (bfloat16 where the CPU
+computes it natively, else float32; `andrea.processor.cpu_peak_flops`), so MFU compares the step
+with what the processor does in that same format.
 """
 
 from __future__ import annotations
 
-import time
-
 import torch
 
 from andrea.config import ModelConfig, count_params
+from andrea.processor import cpu_peak_flops
 
 # bf16 dense TFLOP/s by device name fragment (first match wins)
 PEAK_TFLOPS = [
@@ -51,34 +52,10 @@ def gpu_peak_flops(name: str) -> float | None:
     return None
 
 
-_cpu_peak: float | None = None
-
-
-def measure_cpu_peak(sizes=(512, 1024, 2048), seconds: float = 1.2, rounds: int = 3) -> float:
-    """fp32 matmul FLOP/s with the current torch thread count: the best over square products of a
-    few sizes, each timed in a few short rounds (a busy machine only ever makes a round slower,
-    and which size BLAS runs fastest differs between machines and instruction sets), measured
-    once per process, then cached."""
-    global _cpu_peak
-    if _cpu_peak is None:
-        best = 0.0
-        for n in sizes:
-            a, b = torch.randn(n, n), torch.randn(n, n)
-            torch.mm(a, b)
-            for _ in range(rounds):
-                reps, start = 0, time.perf_counter()
-                while time.perf_counter() - start < seconds / rounds / len(sizes):
-                    torch.mm(a, b)
-                    reps += 1
-                best = max(best, 2 * n**3 * reps / (time.perf_counter() - start))
-        _cpu_peak = best
-    return _cpu_peak
-
-
 def peak_flops(device: torch.device | str) -> float | None:
     device = torch.device(device)
     if device.type == "cuda":
         return gpu_peak_flops(torch.cuda.get_device_name(device))
     if device.type == "cpu":
-        return measure_cpu_peak()
+        return cpu_peak_flops()
     return None

@@ -17,7 +17,7 @@ import torch
 
 from andrea.cache import shards_dir, tokenizers_dir
 from andrea.checkpoint import load_checkpoint, load_model
-from andrea.config import N_SPECIAL, get_preset
+from andrea.config import N_SPECIAL, ModelConfig, get_preset
 from andrea.corpus.registry import DEFAULT_SOURCE_NAMES, fetch_default_corpus, source_key
 from andrea.decoding.generate import TextGenerator
 from andrea.errors import AndreaError
@@ -27,7 +27,7 @@ from andrea.metrics import read_metrics
 from andrea.model import ANDREA, tune_for_training
 from andrea.optim import make_optimizer
 from andrea.prepare import prepare
-from andrea.processor import flush_subnormals
+from andrea.processor import flush_subnormals, training_autocast
 from andrea.shards import PROGRESS_FILE, VERIFIED_FILE, TokenData, verify_shards
 from andrea.tokenizer.harris import WORD_PATTERN, HarrisTokenizer
 from andrea.tokenizer.sample import load_training_texts
@@ -53,6 +53,7 @@ class MainJob:
     samples: int = 3
     segments: int | None = None  # the tokenizer's segments, and so the model's vocabulary; None: the preset's
     compile: bool = False  # torch.compile the model (its compile time counts against the minutes)
+    model: dict | None = None  # fields of the preset's ModelConfig to replace (width, depth, heads, context): a candidate's shape
 
     @classmethod
     def on(cls, device: str = "cpu", **changes) -> "MainJob":
@@ -73,6 +74,14 @@ class MainJob:
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         return out
+
+    def model_config(self, shape: dict) -> ModelConfig:
+        """The model this job trains in `shape` (`shape(device)`): the preset, with the shape's
+        vocabulary and the fields `model` replaces."""
+        cfg = get_preset(shape["preset"])
+        if shape["segments"] is not None:
+            cfg = cfg.replace(vocab_size=shape["segments"] + N_SPECIAL)
+        return cfg.replace(**self.model) if self.model else cfg
 
     def options(self, shape: dict, block_size: int) -> TrainConfig:
         """How the job trains in `shape` (`shape(device)`) a model of this context."""
@@ -98,13 +107,13 @@ class MainJob:
 
 
 def time_cpu_step(job: MainJob | None = None, steps: int = 3, warmup: int = 1) -> float:
-    """Seconds per training step of the main job's CPU shape (model, batch, recipe and optimizer as
-    `andrea main` sets them up, on random tokens), the fastest of `steps` after `warmup`: the step
+    """Seconds per training step of the main job's CPU shape (model, batch, recipe, optimizer and
+    number format as `andrea main` sets them up, on random tokens), the fastest of `steps` after `warmup`: the step
     alone, without the evaluations, checkpoints and snapshots a run adds."""
 
     job = job or MainJob.on("cpu")
     shape = job.shape("cpu")
-    cfg = get_preset(shape["preset"])
+    cfg = job.model_config(shape)
     torch.manual_seed(job.seed)
     model = ANDREA(cfg)
     tune_for_training(model, torch.device("cpu"))
@@ -115,7 +124,9 @@ def time_cpu_step(job: MainJob | None = None, steps: int = 3, warmup: int = 1) -
     best = float("inf")
     for i in range(warmup + steps):
         start = time.perf_counter()
-        model(x, targets=y)[1].backward()
+        with training_autocast("cpu"):
+            loss = model(x, targets=y)[1]
+        loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         if i >= warmup:
@@ -213,9 +224,7 @@ def run_main_job(job: MainJob, log=print) -> dict:
     flush_subnormals()  # first: torch's threads keep the mode they start with (andrea.processor)
     t0 = time.time()
     shape = job.shape("cuda" if torch.cuda.is_available() else "cpu")
-    cfg = get_preset(shape["preset"])
-    if shape["segments"] is not None:
-        cfg = cfg.replace(vocab_size=shape["segments"] + N_SPECIAL)
+    cfg = job.model_config(shape)
     log("1/4 corpus, 2/4 tokenizer, 3/4 token shards (each cached after its first run)")
     names, tokenizer, tok_dir, data_dir = main_job_data(cfg.n_segments, log)
     out = Path(job.out) if job.out else Path("runs") / time.strftime("main-%Y%m%d-%H%M%S")

@@ -15,11 +15,19 @@ environment), so it is measured again when any of them changes.
 `ANDREA_BF16=native` or `ANDREA_BF16=emulated` sets the verdict without measuring (a machine
 whose measurement is disturbed; tests).
 
-Where the verdict is used: recipe v3's Muon orthogonalizes each momentum matrix in
-`orthogonalization_dtype(device)` (bf16 on CUDA and on a CPU with native bf16, float32 elsewhere;
-`andrea.optim.Muon`). Nothing else on a CPU computes in a reduced format: autocast is CUDA's
-only, decoding, serving and the lab run in the weights' float32, and embedding snapshots store
-float16 rows but convert them to float64 before any arithmetic (`andrea.snapshots.timeline`).
+Where the verdict is used, `compute_dtype(device)` names the format training's products run in:
+bfloat16 on CUDA and on a CPU with native bf16, float32 on every other CPU. Two things follow it:
+- the training step's forward and backward run under `training_autocast(device)`: bf16 autocast
+  where compute_dtype is bf16, none where it is float32. Weights, optimizer state, gradients and
+  the loss stay float32 either way (the loss's log-sum-exp is taken in float32,
+  `andrea.model.ChunkedCrossEntropy`), so a checkpoint does not record the format and a run
+  resumes across the two;
+- recipe v3's Muon orthogonalizes each momentum matrix in it (`andrea.optim.Muon`).
+MFU is taken against `cpu_peak_flops()` on a CPU (`andrea.flops.peak_flops`): the measured rate of the timed product
+in the format the step runs in (the rate `andrea doctor` prints), so it compares like with like.
+Decoding, serving, the lab and the main job's final evaluation run in the weights' float32, and
+embedding snapshots store float16 rows but convert them to float64 before any arithmetic
+(`andrea.snapshots.timeline`).
 
 Subnormal floats (float32 below 1.2e-38) cost x86 many times the work of the rest. A fresh model
 makes few; a trained one can make many (tiny probabilities, gradients and moments), and then its
@@ -74,19 +82,25 @@ class Verdict:
         flags = ", ".join(self.flags) if self.flags else ("no bf16 flag" if self.flags_known else "flags unknown")
         return f"{flags}; bf16 {self.bf16_gflops:,.1f} vs float32 {self.f32_gflops:,.1f} GFLOP/s, {self.source}"
 
-    def choice(self) -> str:
-        """The sentence the main job's header and `andrea doctor` print about Muon."""
+    def choice(self, recipe: str | None = "v3") -> str:
+        """The sentence the main job's header and `andrea doctor` print about training's format
+        (and, for recipe v3, Muon's orthogonalization, which follows it)."""
+        muon = " and Muon's orthogonalization" if recipe == "v3" else ""
         if self.native:
-            return "Muon orthogonalization in bfloat16: this CPU computes bfloat16 natively"
-        return "Muon orthogonalization in float32: this CPU emulates bfloat16"
+            return f"training's products{muon} in bfloat16 (autocast): this CPU computes bfloat16 natively"
+        return f"training's products{muon} in float32: this CPU emulates bfloat16"
+
+    def rate(self, native: bool) -> float | None:
+        """The measured GFLOP/s of the timed product in bfloat16 (`native`) or float32; None when forced."""
+        return self.bf16_gflops if native else self.f32_gflops
 
 
 def processor_line(verdict: Verdict, recipe: str | None = None) -> str:
-    """One line for a run's header: the processor, its threads, whether bf16 is native, and (for
-    recipe v3, whose Muon is the one CPU path the verdict changes) the choice made."""
+    """One line for a run's header: the processor, its threads, whether bf16 is native, and the
+    number format training runs in because of it."""
     kind = "native" if verdict.native else "emulated"
-    line = f"processor: {verdict.processor}, {verdict.threads} threads; bfloat16 {kind} ({verdict.reason()})"
-    return line + (f"; {verdict.choice()}" if recipe == "v3" else "")
+    return f"processor: {verdict.processor}, {verdict.threads} threads; bfloat16 {kind} ({verdict.reason()}); " \
+           f"{verdict.choice(recipe)}"
 
 
 def processor_name() -> str:
@@ -250,9 +264,9 @@ def flush_subnormals() -> bool:
     return torch.set_flush_denormal(True)
 
 
-def orthogonalization_dtype(device) -> "torch.dtype":  # noqa: F821 (torch is imported when asked)
-    """The number format Muon's Newton-Schulz products run in on `device`: bfloat16 on CUDA and on
-    a CPU that computes it natively and faster, float32 on every other CPU."""
+def compute_dtype(device) -> "torch.dtype":  # noqa: F821 (torch is imported when asked)
+    """The number format training's products run in on `device`: bfloat16 on CUDA and on a CPU
+    that computes it natively and faster, float32 on every other CPU."""
     import torch
 
     device = torch.device(device)
@@ -261,3 +275,41 @@ def orthogonalization_dtype(device) -> "torch.dtype":  # noqa: F821 (torch is im
     if device.type == "cpu":
         return torch.bfloat16 if bf16_verdict().native else torch.float32
     return torch.float32  # meta (the formats' bookkeeping) and others: no products run
+
+
+def orthogonalization_dtype(device) -> "torch.dtype":  # noqa: F821
+    """The number format Muon's Newton-Schulz products run in on `device`: training's (compute_dtype)."""
+    return compute_dtype(device)
+
+
+def training_autocast(device):
+    """The context a training step's forward (and so its backward) runs in on `device`: bfloat16
+    autocast where compute_dtype is bfloat16, nothing where it is float32."""
+    from contextlib import nullcontext
+
+    import torch
+
+    device = torch.device(device)
+    if compute_dtype(device) == torch.bfloat16:
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return nullcontext()
+
+
+_forced_rates: dict = {}  # identity (as a string) -> (float32, bfloat16) GFLOP/s, measured where the verdict was forced
+
+
+def cpu_peak_flops() -> float:
+    """The peak FLOP/s a CPU training step's MFU is taken against: the measured rate of the timed
+    product (SHAPE) in the format the step runs in (compute_dtype), the figure `andrea doctor`
+    prints. Where ANDREA_BF16 forces the verdict, the product is timed once per process for it."""
+    import torch
+
+    verdict = bf16_verdict()
+    native = compute_dtype("cpu") == torch.bfloat16
+    rate = verdict.rate(native)
+    if rate is None:
+        key = _key(identity())
+        if key not in _forced_rates:
+            _forced_rates[key] = product_rates()
+        rate = _forced_rates[key][1 if native else 0]
+    return rate * 1e9

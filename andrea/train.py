@@ -86,7 +86,7 @@ from andrea.model import ANDREA, loss_chunk_rows
 from andrea.optim import lr_at, make_optimizer
 from andrea.optim_state import full_optim_state, load_optimizer_state
 from andrea.plots import plot_curriculum, plot_losses
-from andrea.processor import bf16_verdict, processor_line
+from andrea.processor import bf16_verdict, processor_line, training_autocast
 from andrea.runstate import RunState, checkpoint_to_resume
 from andrea.shards import TokenData, check_validation, verify_shards
 from andrea.signals import Signals, is_main_process
@@ -228,7 +228,7 @@ class Run:
             load_optimizer_state(self.optimizer, ckpt.optim_state, self.train_model, cfg.recipe, self.fsdp,
                                   self.out / "latest.safetensors")
         self.forward = torch.compile(self.train_model) if cfg.compile else self.train_model
-        self.autocast = torch.autocast("cuda", dtype=torch.bfloat16) if self.device.type == "cuda" else nullcontext()
+        self.autocast = training_autocast(self.device)  # bf16 on CUDA and where a CPU computes it natively
         self.share = {n: w for n, w in data.token_share().items() if n in self.names}
         self.state = RunState(cfg, make_curriculum(cfg, self.names), make_auditor(cfg, data, self.tokenizer))
         if ckpt is not None:

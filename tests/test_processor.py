@@ -1,6 +1,7 @@
 """andrea.processor and andrea.optim.Muon: bfloat16 runs on the hot path only where the processor
-computes it natively. Pinned by the dtypes of the matrix products one optimizer step dispatches
-(forced either way), torch's own Muon as the peer for the bfloat16 step, and the verdict's cache
+computes it natively, and there every product of a training step runs in it. Pinned by the dtypes
+of the matrix products one optimizer step and one whole training step dispatch (forced either way),
+the peak MFU is taken against, a run resumed across the two formats, torch's own Muon as the peer for the bfloat16 step, and the verdict's cache
 read back, kept apart per processor and refreshed when the processor changes."""
 
 from __future__ import annotations
@@ -139,8 +140,9 @@ def test_verdict_rule_needs_the_flag_and_the_faster_product(fresh, monkeypatch):
         monkeypatch.setattr(processor, "product_rates", lambda r=rates: r)
         v = processor.measure()
         assert v.native is native, (flags, rates)
-        assert v.choice() == ("Muon orthogonalization in bfloat16: this CPU computes bfloat16 natively" if native
-                              else "Muon orthogonalization in float32: this CPU emulates bfloat16")
+        assert v.choice() == ("training's products and Muon's orthogonalization in bfloat16 (autocast): this CPU "
+                              "computes bfloat16 natively" if native
+                              else "training's products and Muon's orthogonalization in float32: this CPU emulates bfloat16")
 
 
 def test_verdict_is_measured_once_cached_and_measured_again_when_the_processor_changes(fresh, monkeypatch):
@@ -196,8 +198,12 @@ def test_train_header_names_the_processor_and_the_choice(fresh, monkeypatch, tmp
     v = processor.bf16_verdict()
     line = processor.processor_line(v, "v3")
     assert line.startswith(f"processor: {processor.processor_name()}, {torch.get_num_threads()} threads; bfloat16 emulated")
-    assert line.endswith("; Muon orthogonalization in float32: this CPU emulates bfloat16")
+    assert line.endswith("; training's products and Muon's orthogonalization in float32: this CPU emulates bfloat16")
     assert "Muon" not in processor.processor_line(v, "v2")
+    assert processor.processor_line(v, "v2").endswith("; training's products in float32: this CPU emulates bfloat16")
+    monkeypatch.setenv(processor.ENV, "native")
+    assert processor.processor_line(processor.bf16_verdict(), "v2").endswith(
+        "; training's products in bfloat16 (autocast): this CPU computes bfloat16 natively")
 
 
 def test_doctor_prints_rates_the_choice_and_the_main_jobs_steps(fresh, monkeypatch, capsys):
@@ -213,12 +219,15 @@ def test_doctor_prints_rates_the_choice_and_the_main_jobs_steps(fresh, monkeypat
     assert r["f32_gflops"] > 0 and r["bf16_gflops"] > 0 and r["verdict_source"] == "measured"
     allowed = bool(r["bf16_flags"]) or not r["flags_known"]
     assert r["bf16_native"] == (allowed and r["bf16_gflops"] > r["f32_gflops"])
+    assert r["training_format"] == ("bfloat16 autocast" if r["bf16_native"] else "float32")
+    assert r["mfu_peak_gflops"] == (r["bf16_gflops"] if r["bf16_native"] else r["f32_gflops"])
     job = r["main_job"]
     assert job["preset"] == "andrea-tiny" and job["steps"] == int(120 / job["step_seconds"])
     monkeypatch.setenv(processor.ENV, "emulated")
     assert main(["doctor", "--steps", "1"]) == 0
     out = capsys.readouterr().out
-    assert "bfloat16: emulated (set by ANDREA_BF16)" in out and "Muon orthogonalization in float32" in out
+    assert "bfloat16: emulated (set by ANDREA_BF16)" in out and "Muon's orthogonalization in float32" in out
+    assert "MFU is taken against float32's" in out
     assert "GFLOP/s" in out  # the rates are measured for the report even when the verdict is forced
 
 
@@ -267,3 +276,108 @@ def test_the_training_commands_flush_subnormals_before_anything_else(argv, monke
     monkeypatch.setattr(andrea.mainjob, "flush_subnormals", first)
     with pytest.raises(First):
         main(argv)
+
+
+from andrea.train import Run  # noqa: E402
+
+REAL_STEP = Run.step  # the step as andrea.train defines it, before any test wraps it
+
+
+def traced_steps(monkeypatch, verdict: str, data_dir, out, resume: bool = False, max_steps: int = 2):
+    """The dtypes of the matrix products of each training step (forward, backward and optimizer)
+    of a real `andrea.train.train` run of recipe v3 with the verdict forced, and the run's log."""
+    from helpers import opts, tiny_config
+
+    from andrea import train as train_module
+
+    monkeypatch.setenv(processor.ENV, verdict)
+    steps = []
+    real = REAL_STEP
+
+    def step(self):
+        with ProductDtypes() as mode:
+            out = real(self)
+        steps.append(mode.seen)
+        return out
+
+    monkeypatch.setattr(train_module.Run, "step", step)
+    lines = []
+    train_module.train(tiny_config(data_dir), opts(max_steps=max_steps, recipe="v3", lr=3e-3), data_dir, out,
+                       resume=resume, log=lines.append, progress=False)
+    return steps, lines
+
+
+def test_a_training_step_runs_every_product_in_bfloat16_where_it_is_native(monkeypatch, data_dir, tmp_path):
+    """Where bf16 is native the step's forward, backward (the loss's head products included) and
+    Muon's orthogonalization all run in bf16; the weights, their gradients and Adam's moments stay
+    float32. Where it is emulated not one product of the step runs in bf16."""
+    native, log = traced_steps(monkeypatch, "native", data_dir, tmp_path / "a")
+    assert len(native) == 2 and all(seen and set(seen) == {torch.bfloat16} for seen in native)
+    assert any("training's products and Muon's orthogonalization in bfloat16 (autocast)" in line for line in log)
+    emulated, log = traced_steps(monkeypatch, "emulated", data_dir, tmp_path / "b")
+    assert len(emulated) == 2 and all(seen and set(seen) == {torch.float32} for seen in emulated)
+    assert any("training's products and Muon's orthogonalization in float32" in line for line in log)
+    from andrea.checkpoint import load_checkpoint
+
+    ckpt = load_checkpoint(tmp_path / "a" / "latest.safetensors")
+    assert {t.dtype for t in ckpt.model_state.values()} == {torch.float32}
+    assert {t.dtype for per in ckpt.optim_state["state"].values() for t in per.values() if torch.is_tensor(t)
+            and t.dim() > 0} == {torch.float32}
+
+
+def test_a_run_resumes_across_the_two_formats(monkeypatch, data_dir, tmp_path):
+    """Begun where bf16 is native, resumed where it is emulated, and the other way: the checkpoint
+    holds no format, so each part trains on in its own processor's."""
+    first, _ = traced_steps(monkeypatch, "native", data_dir, tmp_path / "a", max_steps=2)
+    then, log = traced_steps(monkeypatch, "emulated", data_dir, tmp_path / "a", resume=True, max_steps=4)
+    assert any("resuming" in line for line in log)
+    assert [set(s) for s in first] == [{torch.bfloat16}] * 2 and [set(s) for s in then] == [{torch.float32}] * 2
+    first, _ = traced_steps(monkeypatch, "emulated", data_dir, tmp_path / "b", max_steps=2)
+    then, _ = traced_steps(monkeypatch, "native", data_dir, tmp_path / "b", resume=True, max_steps=4)
+    assert [set(s) for s in then] == [{torch.bfloat16}] * 2
+    from andrea.checkpoint import load_checkpoint
+
+    for run in ("a", "b"):
+        ckpt = load_checkpoint(tmp_path / run / "latest.safetensors")
+        assert ckpt.step == 4 and all(torch.isfinite(t).all() for t in ckpt.model_state.values())
+
+
+def test_mfu_is_taken_against_the_measured_rate_of_the_format_the_step_runs_in(fresh, monkeypatch, data_dir, tmp_path):
+    """A measured verdict's own rates: bf16's where native, float32's where emulated (what
+    `andrea doctor` prints); a forced verdict times the product once for it. The run's meter uses
+    that peak."""
+    from helpers import opts, tiny_config
+
+    from andrea import train as train_module
+    from andrea.flops import peak_flops
+
+    monkeypatch.setattr(processor, "processor_flags", lambda: {"avx512_bf16"})
+    monkeypatch.setattr(processor, "product_rates", lambda: (100.0, 300.0))
+    assert processor.bf16_verdict().native and peak_flops("cpu") == 300e9
+    monkeypatch.setattr(processor, "_memo", {})
+    monkeypatch.setattr(processor, "product_rates", lambda: (100.0, 2.0))
+    assert not processor.bf16_verdict(refresh=True).native and peak_flops("cpu") == 100e9
+    monkeypatch.setattr(processor, "_forced_rates", {})
+    monkeypatch.setattr(processor, "product_rates", lambda: (50.0, 700.0))
+    monkeypatch.setenv(processor.ENV, "native")
+    assert peak_flops("cpu") == 700e9
+    monkeypatch.setenv(processor.ENV, "emulated")
+    assert peak_flops("cpu") == 50e9
+    peaks = []
+    real = train_module.Meter.__init__
+    monkeypatch.setattr(train_module.Meter, "__init__", lambda self, tps, fpt, peak: peaks.append(peak) or real(self, tps, fpt, peak))
+    result = train_module.train(tiny_config(data_dir), opts(max_steps=2), data_dir, tmp_path / "run", log=quiet,
+                                progress=False)
+    assert peaks == [50e9] and result.mfu is None or result.mfu == result.tokens_per_s * flops(data_dir) / 50e9
+
+
+def quiet(*_args, **_kwargs):
+    pass
+
+
+def flops(data_dir) -> float:
+    from helpers import opts, tiny_config
+
+    from andrea.flops import flops_per_token
+
+    return flops_per_token(tiny_config(data_dir), opts().seq_len)

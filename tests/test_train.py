@@ -22,6 +22,7 @@ from andrea.checkpoint import load_checkpoint
 from andrea.cli import main
 from andrea.config import ModelConfig
 from andrea.errors import AndreaError
+from andrea.processor import compute_dtype
 from andrea.shards import HEADER, open_shard, write_shard
 from andrea.train import train
 
@@ -395,8 +396,11 @@ def test_two_processes_match_one(data_dir, tmp_path, mode, recipe):
     assert two.returncode == 0, two.stderr.decode()[-3000:]
     a, b = step_losses(tmp_path / "one"), step_losses(tmp_path / "two")
     assert sorted(a) == sorted(b) == list(range(1, 7))
+    # in float32 the two runs differ only in the order a gradient is summed; where the products run in
+    # bfloat16 (8 bits of mantissa) that order can flip a rounding, so the losses agree to 1e-4 there
+    tol = 1e-5 if compute_dtype("cpu") == torch.float32 else 1e-4
     for s in a:
-        assert abs(a[s] - b[s]) <= 1e-5, (s, a[s], b[s])
+        assert abs(a[s] - b[s]) <= tol, (s, a[s], b[s])
     # the checkpoint of the two-process run is in our format and loads in one process
     ckpt = load_checkpoint(tmp_path / "two" / "latest.safetensors")
     assert ckpt.step == 6 and set(ckpt.model_state) == set(load_checkpoint(tmp_path / "one" / "latest.safetensors").model_state)

@@ -18,8 +18,8 @@ def cmd_doctor(args) -> int:
 
     if args.steps < 1:
         raise AndreaError(f"--steps must be at least 1, got {args.steps}.")
-    if args.minutes <= 0:
-        raise AndreaError(f"--minutes must be above 0, got {args.minutes:g}.")
+    if not 0 < args.minutes <= 10_000:  # NaN fails both comparisons
+        raise AndreaError(f"--minutes must be above 0 and at most 10,000, got {args.minutes:g}.")
     print(f"measuring this processor's products and timing {args.steps + 1} of the main job's training steps ...",
           file=sys.stderr, flush=True)
     verdict = bf16_verdict(refresh=True)  # measured now (and cached), unless ANDREA_BF16 sets it
@@ -28,12 +28,15 @@ def cmd_doctor(args) -> int:
     shape = job.shape("cpu")
     step = time_cpu_step(job, steps=args.steps)
     cuda = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    native = verdict.native
+    peak = rates.bf16_gflops if native else rates.f32_gflops  # what a CPU run's MFU is taken against
     report = {
         "processor": verdict.processor, "cores": os.cpu_count(), "torch": torch.__version__,
         "threads": verdict.threads, "capability": torch.backends.cpu.get_cpu_capability(),
         "bf16_flags": verdict.flags, "flags_known": verdict.flags_known,
         "product": "x".join(map(str, SHAPE)), "f32_gflops": rates.f32_gflops, "bf16_gflops": rates.bf16_gflops,
         "bf16_native": verdict.native, "verdict_source": verdict.source, "choice": verdict.choice(),
+        "training_format": "bfloat16 autocast" if native else "float32", "mfu_peak_gflops": peak,
         "main_job": {"preset": shape["preset"], "batch_size": shape["batch_size"], "seq_len": shape["seq_len"],
                      "recipe": job.recipe, "step_seconds": step, "minutes": args.minutes,
                      "steps": int(args.minutes * 60 / step)},
@@ -52,11 +55,13 @@ def cmd_doctor(args) -> int:
     where = f"set by {ENV}" if verdict.f32_gflops is None else f"measured now, kept in {cache_file()}"
     print(f"bfloat16: {'native' if verdict.native else 'emulated'} ({where})")
     print(verdict.choice())
+    print(f"a CPU run's MFU is taken against {'bfloat16' if native else 'float32'}'s {peak:,.1f} GFLOP/s above, the "
+          f"format its step runs in")
     print(f"the main job's training step ({shape['preset']}, {shape['batch_size']} × {shape['seq_len']}, recipe "
           f"{job.recipe}): {step:.2f} s, the fastest of {args.steps}; about {report['main_job']['steps']:,} steps in "
           f"{args.minutes:g} minutes (the step alone: evaluations and checkpoints take some of the time)")
     if cuda:
-        print(f"CUDA: {cuda}; andrea main trains there instead, with Muon in bfloat16")
+        print(f"CUDA: {cuda}; andrea main trains there instead, in bfloat16 autocast")
     return 0
 
 
@@ -64,8 +69,9 @@ def register(sub) -> None:
     p = sub.add_parser("doctor", help="what this machine computes natively, andrea's choice, and the main job's speed here",
                        description="Measure this processor: its bfloat16 flags, a float32 and a bfloat16 matrix product "
                                    "of the main job's shape, and whether bfloat16 is native here (the verdict is cached "
-                                   "and this measures it again); say what andrea chose (Muon's orthogonalization in "
-                                   "bfloat16 or float32) and time a few of the main job's training steps to say how "
+                                   "and this measures it again); say what andrea chose (training's products, Muon's "
+                                   "orthogonalization included, in bfloat16 autocast or in float32, and the rate MFU "
+                                   "is taken against) and time a few of the main job's training steps to say how "
                                    "many fit in its minutes. ANDREA_BF16=native or emulated sets the verdict instead.")
     p.add_argument("--steps", type=int, default=3, help="training steps to time, after one warm-up (default 3)")
     p.add_argument("--minutes", type=float, default=15.0, help="the training time the step count is for (default 15)")
