@@ -4,7 +4,9 @@ writable before work starts.
 Every file andrea writes that a later run reads (checkpoints, token shards, the manifest,
 tokenizers, exports) goes through `atomic_output`: the data is written to a temporary file in
 the same folder under a name no other process uses, flushed and fsynced, renamed over the
-target, and then the folder is fsynced. A crash leaves the old file or the new one, never half,
+target, and then the folder is fsynced. The finished file gets the mode a newly created file
+gets under the process's umask (0644 under the usual 022), whatever the writer chose for its
+temporary file (safetensors writes 0600). A crash leaves the old file or the new one, never half,
 and two processes never share a temporary file. A write the system refuses (a full disk, a
 read-only filesystem, no permission) removes the temporary file and ends in one AndreaError that
 names the target, which is left as it was.
@@ -90,9 +92,18 @@ def atomic_output(path):
         raise
 
 
+def _umask() -> int:
+    """The process's umask (read by setting it and setting it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def replace_durably(tmp: Path, path: Path) -> None:
-    """Make the finished file tmp durable, rename it over path, and make the rename durable."""
+    """Make the finished file tmp durable with a new file's usual mode, rename it over path, and
+    make the rename durable."""
     with open(tmp, "rb+") as f:
+        os.fchmod(f.fileno(), 0o666 & ~_umask())
         os.fsync(f.fileno())
     os.replace(tmp, path)
     fsync_dir(Path(path).parent)

@@ -154,3 +154,21 @@ def test_the_next_run_removes_the_temporary_files_of_killed_writes(prepared_root
     finally:
         alive.kill()
         alive.wait()
+
+
+@pytest.mark.parametrize("mask,mode", [(0o022, 0o644), (0o027, 0o640)])
+def test_a_finished_file_has_a_new_files_mode_whatever_its_writer_chose(tmp_path, mask, mode):
+    """safetensors creates its file 0600; the file atomic_output leaves is readable as any new file."""
+    import torch
+    from safetensors.torch import save_file
+
+    from andrea.files import atomic_output
+
+    old = os.umask(mask)
+    try:
+        with atomic_output(tmp_path / "w.safetensors") as tmp:
+            save_file({"a": torch.zeros(2)}, str(tmp))
+            assert tmp.stat().st_mode & 0o777 == 0o600  # what the writer chose
+    finally:
+        os.umask(old)
+    assert (tmp_path / "w.safetensors").stat().st_mode & 0o777 == mode

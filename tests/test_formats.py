@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 import random
 import struct
 import subprocess
@@ -330,6 +331,11 @@ def test_native_hf_native_is_bitwise(tmp_path):
     hf_cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert hf_cfg["tie_word_embeddings"] is False and hf_cfg["activation_function"] == "relu"
     assert (tmp_path / "hf" / "README.md").exists() and (tmp_path / "hf" / "tokenizer.json").exists()
+    # every file of the folder is readable like the rest under the usual umask (safetensors writes 0600)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    assert {f.name: f.stat().st_mode & 0o777 for f in (tmp_path / "hf").iterdir()} == \
+        {f.name: 0o666 & ~mask for f in (tmp_path / "hf").iterdir()}
     fmt, notes = convert(tmp_path / "hf", tmp_path / "b.safetensors", "native")
     a, b = load_checkpoint(src), load_checkpoint(tmp_path / "b.safetensors")
     assert fmt == "hf" and b.config == a.config
