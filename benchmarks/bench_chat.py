@@ -4,7 +4,8 @@ Each of PROMPTS is sent, as the first line of a new conversation, to `andrea cha
 (`andrea.decoding.generate.Chat`, which `andrea serve`'s chat completions share through
 `chat_prompt_ids`) with its defaults: temperature 1.0, no top-k or top-p, at most 256 new tokens.
 Once per seed. A reply is empty when it holds nothing but spaces; it ends at the turn's end when
-the model wrote a newline (the turn format's end of a reply), at BOS, or at the length limit.
+the model wrote a newline (the turn format's end of a reply), at BOS, or at the length limit; it
+is readable when it has 3 words or more, ends at the turn and repeats no 4 words of the prompt.
 Several checkpoints are measured side by side (a model of today's corpus beside one of another),
 each on the same prompts and seeds.
 
@@ -82,7 +83,20 @@ def measure(checkpoint: Path, prompts: list[str], seeds, max_new_tokens: int) ->
         "bos": share(lambda r: r["ended"] == "bos"),
         "limit": share(lambda r: r["ended"] == "limit"),
         "words": sum(len(r["reply"].split()) for r in replies) / n,
+        "readable": share(readable),
     }
+
+
+def readable(r: dict) -> bool:
+    """A reply a learner wants to read: 3 words or more, ended at the turn (not at BOS or the
+    length limit), and no 4 words in a row taken from the prompt."""
+    words = r["reply"].split()
+    said = {tuple(g) for g in ngrams(r["prompt"].split(), 4)}
+    return len(words) >= 3 and r["ended"] == "turn" and not any(tuple(g) in said for g in ngrams(words, 4))
+
+
+def ngrams(words: list[str], n: int) -> list[list[str]]:
+    return [words[i : i + n] for i in range(len(words) - n + 1)]
 
 
 def main(argv=None) -> int:
@@ -114,12 +128,13 @@ def main(argv=None) -> int:
           f"first turn of a new `andrea chat` conversation (`andrea.decoding.generate.Chat`, temperature 1.0, at most "
           f"{args.max_new_tokens} new tokens). Non-empty: the reply holds more than spaces. Ends at the turn: the model "
           f"wrote the newline that ends a reply in the turn format; at the limit: it wrote {args.max_new_tokens} tokens "
-          f"without one.\n")
+          f"without one. Readable: 3 words or more, ends at the turn, and no 4 words in a row of the prompt.\n")
     rows = [[label, f"`{r['checkpoint']}`", f"{100 * r['non_empty']:.0f}%", f"{100 * r['turn']:.0f}%",
-             f"{100 * r['bos']:.0f}%", f"{100 * r['limit']:.0f}%", f"{r['words']:.1f}", f"{r['seconds']:.0f} s"]
+             f"{100 * r['bos']:.0f}%", f"{100 * r['limit']:.0f}%", f"{100 * r['readable']:.0f}%", f"{r['words']:.1f}",
+             f"{r['seconds']:.0f} s"]
             for label, r in results]
     print(md_table(["model", "checkpoint", "non-empty", "ends at the turn", "ends at BOS", "ends at the limit",
-                    "words per reply", "time"], rows, right={2, 3, 4, 5, 6, 7}))
+                    "readable", "words per reply", "time"], rows, right={2, 3, 4, 5, 6, 7, 8}))
     for label, r in results:
         print(f"\nThe first {args.examples} replies of {label} (seed {args.seeds[0]}):\n\n```text")
         for rep in r["replies"][: args.examples]:
