@@ -130,7 +130,7 @@ def test_hugging_face_folder_says_the_rule_and_its_python_encodes_alike(tmp_path
     _, notes = convert(tmp_path / "m.safetensors", tmp_path / "hf", "hf")
     assert any("word ends" in n for n in notes) and not (tmp_path / "hf" / "tokenizer.json").exists()
     readme = (tmp_path / "hf" / "README.md").read_text()
-    code = "\n".join(line[4:] for line in readme.split("## Tokens", 1)[1].splitlines() if line.startswith("    "))
+    code = "\n".join(line[4:] for line in readme.split("in plain Python:", 1)[1].splitlines() if line.startswith("    "))
     scope = {}
     cwd = tmp_path / "hf"
     exec(code.replace('"harris_segments.json"', repr(str(cwd / "harris_segments.json"))), scope)

@@ -9,7 +9,13 @@ GELUActivation is torch's exact erf F.gelu; "gelu_new" is the tanh approximation
 not match); relu2 -> "relu2" (transformers' ReLUSquaredActivation, relu(x)², which its GPT-2 reads
 from the same activation table; runtimes with a fixed list of GPT-2 activations may lack it).
 
-The folder: config.json, model.safetensors, harris_segments.json, tokenizer.json and README.md.
+The folder: config.json, model.safetensors, harris_segments.json, the tokenizer transformers
+loads (tokenizer_config.json, tokenization_andrea.py and andrea_engine.py: AutoTokenizer with
+trust_remote_code=True, which needs nothing of andrea), tokenizer.json where the segments mark no
+word ends, and README.md. The tokenizer class (remote/tokenization_andrea.py) takes the encoding
+rule from andrea_engine.py, a verbatim copy of andrea.stdlib_engine. A model exported without a
+tokenizer still gets the class, which refuses to load with a sentence that says why, so
+transformers never builds an empty tokenizer in its place.
 tokenizer.json is for the `tokenizers` library and reproduces HarrisTokenizer.encode exactly: a
 Split pre-tokenizer with WORD_PATTERN, its Python character classes spelt out as explicit ranges
 (Oniguruma's \\w, \\d and \\s differ from Python's on some characters), then byte-level
@@ -37,6 +43,14 @@ from andrea.formats.common import SEGMENTS_FILE, check_weights, checked_tokenize
 from andrea.tokenizer.harris import is_word_end
 
 ACT_TO_HF = {"relu": "relu", "gelu": "gelu", "relu2": "relu2"}
+# the tokenizer transformers loads with trust_remote_code: its class, and the engine that holds the rule
+REMOTE = Path(__file__).parent / "remote"
+REMOTE_FILES = {"tokenization_andrea.py": REMOTE / "tokenization_andrea.py",
+                "andrea_engine.py": Path(__file__).parents[1] / "stdlib_engine.py"}
+TOKENIZER_CONFIG = {"tokenizer_class": "AndreaTokenizer",
+                    "auto_map": {"AutoTokenizer": ["tokenization_andrea.AndreaTokenizer", None]},
+                    "bos_token": "<BOS>", "eos_token": "<BOS>", "add_bos_token": True,
+                    "split_special_tokens": True, "clean_up_tokenization_spaces": False}
 HF_TO_ACT = {v: k for k, v in ACT_TO_HF.items()}
 EPS = 1e-5
 
@@ -100,17 +114,23 @@ def write_hf(path, ckpt: Checkpoint) -> list[str]:
         notes.append("activation relu2 is written as \"relu2\" (transformers' ReLUSquaredActivation); runtimes "
                      "with a fixed list of GPT-2 activations may not know it.")
     tok = ckpt.tokenizer_dict
+    # the tokenizer's code travels whether or not there are segments: without them, loading it says so
+    for name, source in REMOTE_FILES.items():
+        atomic_write_bytes(path / name, source.read_bytes())
+    atomic_write_bytes(path / "tokenizer_config.json", (json.dumps(TOKENIZER_CONFIG, indent=2) + "\n").encode())
     if tok is not None:
         segments = tok["segments"]
         atomic_write_bytes(path / SEGMENTS_FILE, (json.dumps(segments, ensure_ascii=True, indent=0) + "\n").encode())
         if any(map(is_word_end, segments)):
             (path / "tokenizer.json").unlink(missing_ok=True)
             notes.append("the tokenizer marks word ends (\" cat</w>\"), which no `tokenizers` model expresses, so the "
-                         "folder has harris_segments.json and the rule in README.md but no tokenizer.json.")
+                         "folder has no tokenizer.json; AutoTokenizer loads it with trust_remote_code=True.")
         else:
             atomic_write_bytes(path / "tokenizer.json", json.dumps(tokenizers_json(segments), ensure_ascii=False).encode())
     else:
-        notes.append("the model has no tokenizer, so the folder has no tokenizer files.")
+        (path / SEGMENTS_FILE).unlink(missing_ok=True)
+        (path / "tokenizer.json").unlink(missing_ok=True)
+        notes.append("the model has no tokenizer, so the folder has no segments, and loading its tokenizer says so.")
     word_ends = tok is not None and any(map(is_word_end, tok["segments"]))
     atomic_write_bytes(path / "README.md", readme(cfg, tok is not None, word_ends).encode())
     if ckpt.optim_state is not None:
@@ -194,6 +214,14 @@ def readme(cfg: ModelConfig, has_tokenizer: bool, word_ends: bool = False) -> st
 Ids 0-255 are raw bytes, 256 is BOS (it starts every document and ends generation), and 257 on are
 the segments of `harris_segments.json`, in the file's order (id = 257 + index).
 
+With transformers, the folder's own tokenizer class gives exactly the ids ANDREA gives (its code,
+tokenization_andrea.py and andrea_engine.py, is in the folder and needs nothing else):
+
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained("path/to/this/folder", trust_remote_code=True)
+    ids = tok("The cat sat").input_ids            # starts with BOS (256)
+    text = tok.decode(ids)                        # the text again, exactly
+
 With the `tokenizers` library, `tokenizer.json` gives exactly the ids ANDREA's HarrisTokenizer gives:
 
     from tokenizers import Tokenizer
@@ -224,7 +252,8 @@ later may be split differently. The rule itself, in plain Python:
                     ids.extend(word[i].encode("utf-8", "surrogatepass"))
                     i += 1
         return ids
-""" if has_tokenizer else "## Tokens\n\nThis model was exported without a tokenizer.\n"
+""" if has_tokenizer else ("## Tokens\n\nThis model was exported without a tokenizer: loading one from this folder "
+                           "fails and says so.\n")
     if word_ends:
         lib = tok[tok.index("With the `tokenizers` library"): tok.index("The rule itself, in plain Python:") + 33]
         step = tok[tok.index("            i = 0\n"): tok.index("i + longest), i, -1):") + 21]
