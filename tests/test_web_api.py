@@ -266,6 +266,111 @@ def test_chat_whole_and_streamed_is_andrea_chats_reply(server, reference):
     assert chunks[-2].choices[0].finish_reason == r.choices[0].finish_reason
 
 
+def model_logprobs(model, ids: list[int]) -> torch.Tensor:
+    """log_softmax of the model's logits on ids, float32: row t is the distribution of token t + 1."""
+    with torch.no_grad():
+        return torch.log_softmax(model(torch.tensor([ids]))[0][0].float(), dim=-1)
+
+
+def names(tok) -> dict:
+    """Token name -> id, as the server and the exported tokenizer name tokens."""
+    return {**{f"<0x{b:02X}>": b for b in range(256)}, "<BOS>": BOS, **{s: 257 + i for i, s in enumerate(tok.segments)}}
+
+
+def test_echo_and_logprobs_are_the_models_log_softmax_on_the_same_ids(server, reference):
+    model, tok = reference.model, reference.tokenizer
+    prompt = "the cat sat on the mat"
+    ids = reference.encode_prompt(prompt)
+    made = generate_ids(model, ids, 6, greedy=True)
+    with server.http() as h:
+        r = h.post("/completions", json={"prompt": prompt, "max_tokens": 6, "temperature": 0, "echo": True,
+                                         "logprobs": 3})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    lp = choice["logprobs"]
+    full = ids + made
+    assert choice["text"] == tok.decode(full)  # the prompt, then the reply
+    assert [names(tok)[t] for t in lp["tokens"]] == full
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None  # nothing comes before BOS
+    want = model_logprobs(model, full)
+    for t in range(1, len(full)):
+        assert abs(lp["token_logprobs"][t] - want[t - 1, full[t]].item()) <= 1e-5, t
+        top = torch.topk(want[t - 1], 3)
+        got = lp["top_logprobs"][t]
+        assert [names(tok)[k] for k in got] == top.indices.tolist()
+        assert max(abs(a - b) for a, b in zip(got.values(), top.values.tolist())) <= 1e-5
+    # each token's text starts where the text before it ends
+    assert lp["text_offset"] == [len(tok.decode(full[:t])) for t in range(len(full))]
+    # the openai client reads the same fields
+    c = server.client().completions.create(model="lab", prompt=prompt, max_tokens=6, temperature=0, logprobs=2)
+    assert c.choices[0].text == tok.decode(made)
+    assert c.choices[0].logprobs.token_logprobs == pytest.approx(lp["token_logprobs"][len(ids):], abs=1e-5)
+    assert c.choices[0].logprobs.text_offset[0] == 0
+
+
+def test_lm_eval_asks_a_batch_of_token_prompts_scored_with_echo_and_each_is_the_single_request(server, reference):
+    model, tok = reference.model, reference.tokenizer
+    prompts = [tok.encode(t) for t in ("the cat sat", "a dog ran to its pet owner", "kings")]
+    body = {"temperature": 0, "max_tokens": 1, "logprobs": 1, "echo": True, "seed": 1234}
+    with server.http() as h:
+        batch = h.post("/completions", json={**body, "prompt": prompts}).json()["choices"]
+        alone = [h.post("/completions", json={**body, "prompt": p}).json()["choices"][0] for p in prompts]
+        scored = h.post("/completions", json={**body, "prompt": prompts[1], "max_tokens": 0}).json()["choices"][0]
+    assert [c["index"] for c in batch] == [0, 1, 2]
+    for c, a, ids in zip(batch, alone, prompts):
+        assert {**c, "index": 0} == a
+        assert len(c["logprobs"]["token_logprobs"]) == len(ids) + 1  # the prompt's tokens and one made
+        want = model_logprobs(model, ids)
+        assert c["logprobs"]["token_logprobs"][1:len(ids)] == pytest.approx(
+            [want[t - 1, ids[t]].item() for t in range(1, len(ids))], abs=1e-5)
+    # max_tokens 0: the prompt alone, scored; no token made
+    assert scored["text"] == tok.decode(prompts[1]) and scored["finish_reason"] == "length"
+    assert scored["logprobs"]["token_logprobs"] == batch[1]["logprobs"]["token_logprobs"][:-1]
+
+
+def test_n_choices_of_a_seeded_request_are_the_single_requests_of_seeds_s_to_s_plus_n(server):
+    c = server.client()
+    r = c.completions.create(model="lab", prompt=["the cat", "a dog"], max_tokens=8, temperature=1.0, seed=7, n=2)
+    assert [ch.index for ch in r.choices] == [0, 1, 2, 3]
+    for i, ch in enumerate(r.choices):
+        alone = c.completions.create(model="lab", prompt=["the cat", "a dog"][i // 2], max_tokens=8, temperature=1.0,
+                                     seed=7 + i % 2)
+        assert ch.text == alone.choices[0].text
+    assert r.usage.completion_tokens <= 4 * 8
+
+
+def test_chat_logprobs_are_the_models_on_the_chat_prompt_and_the_reply(server, reference):
+    from andrea.decoding.generate import chat_prompt_ids
+
+    model, tok = reference.model, reference.tokenizer
+    r = server.client().chat.completions.create(model="lab", messages=[{"role": "user", "content": "the cat"}],
+                                                max_tokens=10, temperature=0, logprobs=True, top_logprobs=2)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens and all(len(e.top_logprobs) == 2 for e in content)
+    ids, _ = chat_prompt_ids(tok, model.config.block_size, 10, [], "the cat")
+    reply = [names(tok)[e.token] for e in content]
+    assert [bytes(e.bytes) for e in content] == [tok.token_bytes(t) for t in reply]
+    want = model_logprobs(model, ids + reply)
+    for j, e in enumerate(content):
+        assert abs(e.logprob - want[len(ids) - 1 + j, reply[j]].item()) <= 1e-5
+        assert e.logprob == pytest.approx(e.top_logprobs[0].logprob, abs=1e-6)  # greedy: the most likely
+
+
+def test_tokenize_and_detokenize_in_vllms_shape(server, reference):
+    tok = reference.tokenizer
+    base = server.url.removesuffix("/v1")
+    with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {KEY}"}, timeout=60) as h:
+        r = h.post("/tokenize", json={"prompt": "the cat sat"}).json()
+        assert r == {"count": len(tok.encode("the cat sat")), "max_model_len": 64, "tokens": tok.encode("the cat sat")}
+        assert h.post("/tokenize", json={"prompt": "the cat", "add_special_tokens": False}).json()["tokens"] == \
+            tok.encode("the cat", bos=False)
+        assert h.post("/detokenize", json={"tokens": tok.encode("the cat sat")}).json() == {"prompt": "the cat sat"}
+        bad = h.post("/detokenize", json={"tokens": [1, 10**6]})
+        assert bad.status_code == 400 and "tokens must be a list of token ids" in bad.json()["error"]["message"]
+        assert h.post("/tokenize", json={"prompt": 3}).status_code == 400
+        assert httpx.post(base + "/tokenize", json={"prompt": "a"}, timeout=30).status_code == 401  # the key, as for /v1
+
+
 def test_greedy_requests_arriving_together_are_each_what_andrea_generate_gives_alone(server, reference, lab_checkpoint):
     prompts = ["the", "the cat sat on a mat and the dog ran to its pet owner", "Kings and queens talked of",
                "unbelievable things", "a", "the dog ran to its pet owner while kings"]
@@ -355,12 +460,24 @@ BAD = [
     (b'{"prompt": "the", "top_k": 0}', "top_k must be an integer"),
     (b'{"prompt": "the", "stop": ["a", "b", "c", "d", "e"]}', "stop must be a string or a list of 1 to 4"),
     (b'{"prompt": "the", "stop": ""}', "stop must be a non-empty string"),
-    (b'{"prompt": "the", "n": 2}', "n is not supported"),
-    (b'{"prompt": "the", "logprobs": 3}', "logprobs is not supported"),
+    (b'{"prompt": "the", "n": 0}', "n must be an integer from 1 to 16"),
+    (b'{"prompt": "the", "n": 17}', "n must be an integer from 1 to 16"),
+    (b'{"prompt": "the", "n": 6, "max_tokens": 2}', "holds at most 5 at once"),
+    (b'{"prompt": ["a", "b", "c", "d", "e", "f"], "max_tokens": 2}', "asks for 6 replies"),
+    (b'{"prompt": "the", "logprobs": 21}', "logprobs must be an integer from 0 to 20"),
+    (b'{"prompt": "the", "logprobs": true}', "logprobs must be an integer"),
+    (b'{"prompt": "the", "top_logprobs": 2}', "top_logprobs is not supported"),
+    (b'{"prompt": "the", "echo": "yes"}', "echo must be true or false"),
+    (b'{"prompt": "the", "echo": true, "stream": true}', "a streamed reply has one prompt and one choice"),
+    (b'{"prompt": ["a", "b"], "stream": true}', "a streamed reply has one prompt and one choice"),
+    (b'{"prompt": "the", "max_tokens": 0}', "max_tokens must be an integer from 1"),
+    (b'{"prompt": "the", "logprobs": 1, "max_tokens": 64}', "must fit the context of 64 tokens"),
     (b'{"prompt": "the", "stream": "yes"}', "stream must be true or false"),
     (b'{"prompt": "the", "path": "/etc/passwd"}', "unknown field 'path'"),
     (b'{"prompt": ""}', "prompt must be a non-empty string"),
-    (b'{"prompt": ["a", "b"]}', "one prompt per request"),
+    (b'{"prompt": ["a", 3]}', "a list of token ids, or a list of either"),
+    (b'{"prompt": [[1, 2], []]}', "a list of token ids, or a list of either"),
+    (b'{"prompt": [[1, 2], [3, 99999]]}', "token id 99999 in prompt is out of range"),
     (b'{"prompt": [1, 99999]}', "token id 99999 in prompt is out of range"),
     (b'{"prompt": "\\ud800"}', "lone surrogate"),
     (b'{"max_tokens": 3}', "prompt is required"),

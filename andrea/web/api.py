@@ -3,8 +3,11 @@
     GET  /health                  {"status": "ok" | "stopping", the batch and queue in use}
     GET  /v1/models               the one model served (its id: the run folder's or file's name)
     GET  /v1/models/{id}
-    POST /v1/completions          {"prompt", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "stream"}
-    POST /v1/chat/completions     {"messages", the same sampling fields}
+    POST /v1/completions          {"prompt", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "stream",
+                                   "n", "echo", "logprobs"}
+    POST /v1/chat/completions     {"messages", the same sampling fields, "n", "logprobs", "top_logprobs"}
+    POST /tokenize                {"prompt", "add_special_tokens"} -> {"count", "max_model_len", "tokens"} (vLLM's)
+    POST /detokenize              {"tokens"} -> {"prompt"}
 
 The fields, answers, stream chunks (server-sent events ending in `data: [DONE]`), `usage` and
 `finish_reason` (`stop` at a stop string, the end of a chat reply or BOS; `length` at max_tokens)
@@ -13,6 +16,22 @@ default. A chat is written in ANDREA's turn format, as `andrea chat` writes it
 (`andrea.decoding.generate.chat_prompt_ids`): BOS, the system messages as lines of text, then
 `> person\\n< model\\n` per turn, then `> last line\\n< `; the reply ends at the first newline, and
 the oldest turns are dropped when the whole would not fit the context with room for the reply.
+
+Several answers. A completion's prompt may be a list of prompts (strings or lists of token ids,
+at most MAX_PROMPTS), and `n` asks for up to MAX_N choices of each: every choice is a request of
+its own in the scheduler, so each equals the single request that asks for it alone (greedy, or
+seeded: choice j of a request with seed s is the single request with seed s + j). Choices are
+numbered prompt by prompt, as OpenAI numbers them. A streamed reply has one prompt and one choice.
+
+Log-probabilities. `logprobs` (completions: an integer k, the alternatives given beside each
+token; chat: true, with `top_logprobs` k) gives each reply token's log-probability, and with
+`echo` (completions) every prompt token's too (the first has none: nothing comes before it), in
+OpenAI's shapes. They are not the decoder's: once a reply is made, one forward pass over the
+prompt and the reply gives `log_softmax` of the model's logits on exactly those ids
+(`Served.scores`), which is why prompt and reply must fit the context together. With `echo`,
+`max_tokens` may be 0 (the prompt alone, scored: what lm-evaluation-harness's loglikelihood
+tasks ask). Tokens are named as the exported tokenizer names them: <0xNN> for a byte, <BOS>, a
+segment's text (" cat</w>" after a word end).
 
 Decoding. One thread (`andrea.web.scheduler.Scheduler`) decodes every request together: requests
 wait in a queue of at most `max_queue`, join a free slot of `max_batch` between steps, and leave
@@ -58,17 +77,19 @@ import torch
 from andrea.config import BOS
 from andrea.decoding.generate import chat_prompt_ids
 from andrea.errors import AndreaError, longer_than_context
-from andrea.validate import is_int
+from andrea.validate import MAX_SEED, is_int
 from andrea.web.http import Guard, Limits, RequestError, UvicornServer, bind, check_text, loopback_hosts, read_body
 from andrea.web.protocol import (
     CHAT_FIELDS,
     COMPLETION_FIELDS,
+    MAX_PROMPTS,
     EventStream,
     Render,
     chat_turns,
     collect,
     error_body,
     include_usage,
+    probabilities,
     request_fields,
     sampling,
     stop_strings,
@@ -102,9 +123,17 @@ class Served:
             raise RequestError(longer_than_context(len(ids), T), param=param, code="context_length_exceeded")
         return ids
 
+    def completion_prompts(self, prompt) -> list[list[int]]:
+        """The ids of each prompt of a request: a string, a list of token ids, or a list of 1 to
+        MAX_PROMPTS of either."""
+        if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+            if len(prompt) > MAX_PROMPTS:
+                raise RequestError(f"prompt takes at most {MAX_PROMPTS} prompts in one request, got {len(prompt):,}.",
+                                   param="prompt")
+            return [self.completion_ids(p) for p in prompt]
+        return [self.completion_ids(prompt)]
+
     def completion_ids(self, prompt) -> list[int]:
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-            prompt = prompt[0]
         if isinstance(prompt, str):
             return self.check_context(self.encode(check_text(prompt, "prompt")), "prompt")
         V = self.config.vocab_size
@@ -114,8 +143,37 @@ class Served:
                 raise RequestError(f"token id {str(bad[0])[:40]} in prompt is out of range: ids are 0 to {V - 1}.",
                                    param="prompt")
             return self.check_context(list(prompt), "prompt")
-        raise RequestError("prompt must be a non-empty string (one prompt per request) or a list of token ids.",
+        raise RequestError("prompt must be a non-empty string, a list of token ids, or a list of either.",
                            param="prompt")
+
+    def text(self, ids: list[int]) -> str:
+        with self.lock:
+            return self.tokenizer.decode(ids)
+
+    def label(self, i: int) -> str:
+        """A token's name in logprobs, as the exported tokenizer names it (its
+        `convert_ids_to_tokens`): <0xNN> for byte NN, <BOS>, and a segment's own text (" cat</w>"
+        after a word end), so no two tokens share one."""
+        if i < 256:
+            return f"<0x{i:02X}>"
+        return "<BOS>" if i == BOS else self.tokenizer.segments[i - 257]
+
+    def scores(self, ids: list[int], start: int, k: int) -> list[tuple[float, list[tuple[int, float]]]]:
+        """For each position t from start (>= 1) on: the model's log-probability of ids[t] after
+        ids[:t] (log_softmax of its logits, float32, one forward over ids[:-1]) and the k most
+        likely tokens there with theirs."""
+        if start >= len(ids):
+            return []
+        with torch.no_grad():
+            logits = self.model(torch.tensor([ids[:-1]], device=self.model.wte.weight.device))[0][0]
+            logp = torch.log_softmax(logits.float(), dim=-1)[start - 1:]
+            picked = logp.gather(1, torch.tensor(ids[start:], device=logp.device)[:, None])[:, 0].tolist()
+            top = torch.topk(logp, k, dim=-1) if k else None
+        out = []
+        for j, lp in enumerate(picked):
+            alts = list(zip(top.indices[j].tolist(), top.values[j].tolist())) if k else []
+            out.append((lp, alts))
+        return out
 
     def chat_ids(self, messages, max_tokens: int) -> list[int]:
         preamble, turns, line = chat_turns(messages)
@@ -155,7 +213,8 @@ def check_model(served: Served, name) -> None:
 
 
 async def reply(request, served: Served, scheduler: Scheduler, chat: bool):
-    """A completion or chat request: checked, queued, then streamed or answered whole."""
+    """A completion or chat request: checked, queued (a job per prompt and choice), then streamed
+    or answered whole, with log-probabilities where asked."""
     # starlette: needed only to serve
     from starlette.concurrency import run_in_threadpool
     from starlette.responses import JSONResponse, Response
@@ -163,26 +222,137 @@ async def reply(request, served: Served, scheduler: Scheduler, chat: bool):
     body = await read_body(request, MAX_BODY)
     f = request_fields(body, CHAT_FIELDS if chat else COMPLETION_FIELDS)
     check_model(served, body.get("model"))
+    asked = probabilities(f, chat)
     names = ("max_completion_tokens", "max_tokens") if chat else ("max_tokens",)
-    settings = sampling(f, served.config.vocab_size, 256 if chat else 16, names)
+    settings = sampling(f, served.config.vocab_size, 256 if chat else 16, names, least=0 if asked["echo"] else 1)
     stops, stream, usage = stop_strings(f), f.flag("stream"), include_usage(f)
     if chat:
         if "messages" not in body:
             raise RequestError("messages is required.", param="messages")
-        ids = await run_in_threadpool(served.chat_ids, body["messages"], settings["max_tokens"])
+        prompts = [await run_in_threadpool(served.chat_ids, body["messages"], settings["max_tokens"])]
         stops = ["\n"] + stops  # a reply is one line, as in `andrea chat`
     else:
         if "prompt" not in body:
             raise RequestError("prompt is required.", param="prompt")
-        ids = await run_in_threadpool(served.completion_ids, body["prompt"])
-    job = Job(ids, settings, stops, served.tokenizer, asyncio.get_running_loop(),
-              request.client.host if request.client else None)
-    scheduler.submit(job)
+        prompts = await run_in_threadpool(served.completion_prompts, body["prompt"])
+    n, logprobs, echo = asked["n"], asked["logprobs"], asked["echo"]
+    if stream and (len(prompts) * n > 1 or logprobs is not None or echo):
+        raise RequestError("a streamed reply has one prompt and one choice, without logprobs or echo; "
+                           "leave stream out for those.", param="stream")
+    if logprobs is not None:
+        T = served.config.block_size
+        for ids in prompts:
+            if len(ids) + settings["max_tokens"] - 1 > T:
+                raise RequestError(f"logprobs are read from one pass over the prompt and the reply, which must fit "
+                                   f"the context of {T:,} tokens: this prompt has {len(ids):,} and max_tokens is "
+                                   f"{settings['max_tokens']:,}.", param="max_tokens", code="context_length_exceeded")
+    places = scheduler.max_batch + scheduler.max_queue
+    if len(prompts) * n > places:
+        raise RequestError(f"this request asks for {len(prompts) * n:,} replies, and this server holds at most {places:,} "
+                           f"at once (its --max-batch and --max-queue); send fewer prompts or a smaller n.",
+                           param="prompt" if n == 1 else "n")
+    loop, client = asyncio.get_running_loop(), request.client.host if request.client else None
+    jobs = []
+    if settings["max_tokens"]:
+        try:
+            for ids in prompts:
+                for j in range(n):
+                    seed = settings["seed"] if settings["seed"] is None else (settings["seed"] + j) % (MAX_SEED + 1)
+                    job = Job(ids, {**settings, "seed": seed}, stops, served.tokenizer, loop, client)
+                    scheduler.submit(job)
+                    jobs.append(job)
+        except RequestError:
+            for job in jobs:
+                scheduler.cancel(job)
+            raise
     render = Render(served.id, chat, stream and usage)
     if stream:
-        return EventStream(job, scheduler, render)
-    result = await collect(job, scheduler, render, request.receive)
-    return JSONResponse(result) if result is not None else Response(status_code=204)
+        return EventStream(jobs[0], scheduler, render)
+    if jobs:
+        results = await collect(jobs, scheduler, request.receive)
+        if results is None:
+            return Response(status_code=204)
+    else:  # echo with max_tokens 0: the prompt alone, scored
+        jobs = [None] * (len(prompts) * n)
+        results = [("", "length")] * len(jobs)
+    choices = await run_in_threadpool(_choices, served, render, prompts, jobs, results, n, echo, logprobs)
+    completion = sum(job.tokens for job in jobs if job is not None)
+    prompt_tokens = sum(map(len, prompts))
+    return JSONResponse(render.whole(choices, {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+                                               "total_tokens": prompt_tokens + completion}))
+
+
+def _choices(served: Served, render: Render, prompts, jobs, results, n: int, echo: bool, logprobs: int | None) -> list:
+    """Each choice's JSON: prompt p's j-th choice is number p·n + j, as OpenAI orders them."""
+    out = []
+    for i, (job, (text, reason)) in enumerate(zip(jobs, results)):
+        ids = prompts[i // n]
+        made = job.token_ids if job is not None else []
+        head = served.text(ids) if echo else ""
+        lp = None
+        if logprobs is not None:
+            full = ids + made
+            start = 0 if echo else len(ids)
+            scored = served.scores(full, max(start, 1), logprobs)
+            if start == 0:  # the first token has nothing before it
+                scored = [(None, None)] + scored
+            lp = (chat_logprobs if render.chat else completion_logprobs)(served, full[start:], scored, head + text, start)
+        out.append(render.choice(i, head + text, reason, lp))
+    return out
+
+
+def completion_logprobs(served: Served, ids: list[int], scored: list, text: str, start: int) -> dict:
+    """OpenAI's completions logprobs: tokens, token_logprobs, top_logprobs (the alternatives by
+    label, most likely first) and text_offset (where each token's text starts in `text`)."""
+    offsets, at = [], 0
+    for k in range(len(ids)):  # a token's text starts where the text of those before it ends
+        offsets.append(min(at, len(text)))
+        at = len(served.text(ids[: k + 1]))
+    tops = []
+    for _, alts in scored:
+        top = None if alts is None else {}
+        for t, v in alts or ():  # most likely first
+            top.setdefault(served.label(t), v)
+        tops.append(top)
+    return {"tokens": [served.label(t) for t in ids], "token_logprobs": [lp for lp, _ in scored],
+            "top_logprobs": tops, "text_offset": offsets}
+
+
+def chat_logprobs(served: Served, ids: list[int], scored: list, text: str, start: int) -> dict:
+    """OpenAI's chat logprobs: {"content": [{token, logprob, bytes, top_logprobs}]} per reply token."""
+    def entry(t: int, v: float) -> dict:
+        return {"token": served.label(t), "logprob": v, "bytes": list(served.tokenizer.token_bytes(t))}
+
+    return {"content": [{**entry(t, lp), "top_logprobs": [entry(a, v) for a, v in alts]}
+                        for t, (lp, alts) in zip(ids, scored)]}
+
+
+async def tokenize_reply(request, served: Served):
+    """vLLM's /tokenize: {"prompt", "add_special_tokens" (default true: BOS first, as andrea
+    encodes a document)} -> {"count", "max_model_len", "tokens"}."""
+    from starlette.responses import JSONResponse
+
+    body = await read_body(request, MAX_BODY)
+    f = request_fields(body, {"model", "prompt", "add_special_tokens"})
+    check_model(served, body.get("model"))
+    text = check_text(body.get("prompt"), "prompt")
+    bos = f.flag("add_special_tokens", True)
+    with served.lock:
+        ids = served.tokenizer.encode(text, bos=bos)
+    return JSONResponse({"count": len(ids), "max_model_len": served.config.block_size, "tokens": ids})
+
+
+async def detokenize_reply(request, served: Served):
+    """vLLM's /detokenize: {"tokens"} -> {"prompt"} (BOS stands for no text)."""
+    from starlette.responses import JSONResponse
+
+    body = await read_body(request, MAX_BODY)
+    request_fields(body, {"model", "tokens"})
+    check_model(served, body.get("model"))
+    ids, V = body.get("tokens"), served.config.vocab_size
+    if not isinstance(ids, list) or not all(is_int(t) and 0 <= t < V for t in ids):
+        raise RequestError(f"tokens must be a list of token ids from 0 to {V - 1}.", param="tokens")
+    return JSONResponse({"prompt": served.text(ids)})
 
 
 def create_app(served: Served, scheduler: Scheduler, api_key: str | None = None,
@@ -222,6 +392,12 @@ def create_app(served: Served, scheduler: Scheduler, api_key: str | None = None,
     async def chat_completions(request):
         return await reply(request, served, scheduler, chat=True)
 
+    async def tokenize(request):
+        return await tokenize_reply(request, served)
+
+    async def detokenize(request):
+        return await detokenize_reply(request, served)
+
     async def models(request):
         return JSONResponse({"object": "list", "data": [model_card()]})
 
@@ -246,7 +422,9 @@ def create_app(served: Served, scheduler: Scheduler, api_key: str | None = None,
               Route("/v1/models", api(models), methods=["GET"]),
               Route("/v1/models/{name:path}", api(one_model), methods=["GET"]),
               Route("/v1/completions", api(completions), methods=["POST"]),
-              Route("/v1/chat/completions", api(chat_completions), methods=["POST"])]
+              Route("/v1/chat/completions", api(chat_completions), methods=["POST"]),
+              Route("/tokenize", api(tokenize), methods=["POST"]),
+              Route("/detokenize", api(detokenize), methods=["POST"])]
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: server_error})
     app.router.redirect_slashes = False  # a path with a slash too many is a 404, not a redirect
     return Guard(app, allowed_hosts, error_body, log)

@@ -40,9 +40,12 @@ def error_body(e: RequestError) -> dict:
 
 # ---------------------------------------------------------------- reading a request
 
-COMPLETION_FIELDS = {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "stream",
-                     "stream_options"}
-CHAT_FIELDS = COMPLETION_FIELDS - {"prompt"} | {"messages", "max_completion_tokens"}
+SAMPLING_FIELDS = {"model", "max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "stream", "stream_options", "n"}
+COMPLETION_FIELDS = SAMPLING_FIELDS | {"prompt", "echo", "logprobs"}
+CHAT_FIELDS = SAMPLING_FIELDS | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"}
+MAX_N = 16  # choices of one prompt
+MAX_PROMPTS = 64  # prompts of one request
+MAX_LOGPROBS = 20  # alternatives given beside each token (OpenAI's chat allows 20, its completions 5)
 # fields clients send with OpenAI's defaults; any other value is refused, naming the field
 OPENAI_DEFAULTS = {"n": (1,), "echo": (False,), "logprobs": (None, False), "best_of": (None, 1), "suffix": (None,),
                    "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "logit_bias": (None, {}),
@@ -53,11 +56,29 @@ def request_fields(body: dict, allowed: set[str]) -> Fields:
     """The body's fields: those OpenAI's clients send with their defaults checked and set aside,
     the rest read by `Fields` (which refuses a field it does not know)."""
     for name, ok in OPENAI_DEFAULTS.items():
+        if name in allowed:
+            continue
         if name in body and ok is not None and not any(body[name] == v and type(body[name]) is type(v) for v in ok):
             raise RequestError(f"{name} is not supported here; leave it out or give {json.dumps(ok[-1])}.", param=name)
     if "user" in body and not isinstance(body["user"], str):
         raise RequestError("user must be a string.", param="user")
-    return Fields({k: v for k, v in body.items() if k not in OPENAI_DEFAULTS}, allowed)
+    return Fields({k: v for k, v in body.items() if k not in OPENAI_DEFAULTS or k in allowed}, allowed)
+
+
+def probabilities(f: Fields, chat: bool) -> dict:
+    """What a request asks of log-probabilities: {"echo", "logprobs" (None, or how many
+    alternatives beside each token), "n"}. Completions: `logprobs` an integer 0 to MAX_LOGPROBS and
+    `echo`; chat: `logprobs` true or false and `top_logprobs` 0 to MAX_LOGPROBS (which needs it)."""
+    n = f.integer("n", 1, 1, MAX_N)
+    if chat:
+        wanted = f.flag("logprobs")
+        top = f.integer("top_logprobs", None, 0, MAX_LOGPROBS)
+        if top is not None and not wanted:
+            raise RequestError("top_logprobs needs logprobs: true.", param="top_logprobs")
+        return {"echo": False, "logprobs": (top or 0) if wanted else None, "n": n}
+    if f.body.get("logprobs") is False:  # as OpenAI's clients send "none asked"
+        f.body = {k: v for k, v in f.body.items() if k != "logprobs"}
+    return {"echo": f.flag("echo"), "logprobs": f.integer("logprobs", None, 0, MAX_LOGPROBS), "n": n}
 
 
 def stop_strings(f: Fields) -> list[str]:
@@ -79,10 +100,11 @@ def include_usage(f: Fields) -> bool:
     return v.get("include_usage", False)
 
 
-def sampling(f: Fields, vocab_size: int, default_tokens: int, names=("max_tokens",)) -> dict:
-    """max_tokens (the first of names given), temperature, top_p, top_k and seed, checked."""
+def sampling(f: Fields, vocab_size: int, default_tokens: int, names=("max_tokens",), least: int = 1) -> dict:
+    """max_tokens (the first of names given; 0 only where `least` allows it, as with echo),
+    temperature, top_p, top_k and seed, checked."""
     name = next((n for n in names if f.body.get(n) is not None), names[0])
-    max_tokens = f.integer(name, default_tokens, 1, MAX_TOKENS)
+    max_tokens = f.integer(name, default_tokens, least, MAX_TOKENS)
     temperature = f.number("temperature", 1.0, 0.0, 2.0)
     top_p = f.number("top_p", None, 0.0, 1.0, lo_open=True)
     top_k = f.integer("top_k", None, 1, 2**31 - 1)
@@ -153,13 +175,14 @@ class Render:
                      "created": int(time.time()), "model": model_id}
         self.first = True
 
-    def whole(self, text: str, reason: str, usage: dict) -> dict:
+    def choice(self, index: int, text: str, reason: str, logprobs: dict | None = None) -> dict:
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                      "finish_reason": reason}
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
-        return {**self.head, "object": "chat.completion" if self.chat else "text_completion", "choices": [choice],
+            return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
+                    "finish_reason": reason}
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason}
+
+    def whole(self, choices: list[dict], usage: dict) -> dict:
+        return {**self.head, "object": "chat.completion" if self.chat else "text_completion", "choices": choices,
                 "usage": usage}
 
     def chunk(self, text: str | None, reason: str | None = None) -> bytes:
@@ -239,22 +262,39 @@ class EventStream:
                 self.scheduler.cancel(job)
 
 
-async def collect(job, scheduler, render: Render, receive):
-    """The whole reply to a request not streamed, or its error; None when the client has gone."""
-    watcher = asyncio.ensure_future(_watch(receive, job, scheduler))
-    text = []
-    try:
+async def collect(jobs: list, scheduler, receive) -> list[tuple[str, str]] | None:
+    """The whole text and finish reason of each job of a request not streamed (raising the first
+    error); None when the client has gone (every job is then cancelled)."""
+    gone = asyncio.Event()
+
+    async def watch():
         while True:
-            event = await job.events.get()
-            if event[0] == "text":
-                text.append(event[1])
-            elif event[0] == "end":
-                return render.whole("".join(text), event[1], job.usage)
-            elif event[0] == "error":
-                raise event[1]
-            else:
-                return None
+            if (await receive())["type"] == "http.disconnect":
+                gone.set()
+                for job in jobs:
+                    scheduler.cancel(job)
+                    job.events.put_nowait(("gone",))
+                return
+
+    watcher = asyncio.ensure_future(watch())
+    out = []
+    try:
+        for job in jobs:
+            text = []
+            while True:
+                event = await job.events.get()
+                if event[0] == "text":
+                    text.append(event[1])
+                elif event[0] == "end":
+                    out.append(("".join(text), event[1]))
+                    break
+                elif event[0] == "error":
+                    raise event[1]
+                else:
+                    return None
+        return None if gone.is_set() else out
     finally:
         watcher.cancel()
-        if not job.done:
-            scheduler.cancel(job)
+        for job in jobs:
+            if not job.done:
+                scheduler.cancel(job)

@@ -84,6 +84,7 @@ class Job:
         self.cancelled = False  # set by the event loop: the client went away
         self.done = False  # set by the decoding thread once the last event is out
         self.tokens = 0
+        self.token_ids: list[int] = []  # the reply's tokens (a stop string's token included; BOS never)
         self.seq = None  # its place in the batch, while it has one
 
     @property
@@ -257,6 +258,7 @@ class Scheduler:
                 self._finish(job, out, job.reply.finish()[0], "stop")
                 continue
             job.tokens += 1
+            job.token_ids.append(tok)
             text, stopped = job.reply.add(tok)
             if stopped:
                 self._finish(job, out, text, "stop")
