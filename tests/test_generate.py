@@ -408,8 +408,19 @@ def test_chat_reply_ends_at_the_newline_and_joins_the_history():
     chat = Chat(TextGenerator(constant_model(257, vocab_size=258), tok), max_new_tokens=10, greedy=True)
     assert list(chat.reply("hi")) == ["ok"]
     assert chat.turns == [("hi", "ok")]
-    assert tok.decode(chat.prompt_ids("again")) == "> hi\n< ok\n> again\n< "
+    assert tok.decode(chat.prompt_ids("again")) == "> hi\n< ok\n> again\n<"
     assert chat.prompt_ids("again")[0] == BOS
+
+
+@pytest.mark.parametrize("segment, reply", [(" ok\n", "ok"), ("  ok\n", " ok"), ("ok\n", "ok"), (" \n", "")])
+def test_the_prompt_stops_before_the_space_the_model_writes_with_its_first_word(segment, reply):
+    """In the training text the space after `<` begins the reply's first word (" im good"), so the
+    prompt ends at `<` and the reply is what the model wrote less that one space."""
+    tok = ByteTokenizer([segment])
+    chat = Chat(TextGenerator(constant_model(257, vocab_size=258), tok), max_new_tokens=10, greedy=True)
+    assert tok.decode(chat.prompt_ids("hi")).endswith("> hi\n<")
+    assert "".join(chat.reply("hi")) == reply and chat.ended == "turn"
+    assert tok.decode(chat.prompt_ids("again")) == f"> hi\n< {reply}\n> again\n<"
 
 
 def test_chat_drops_the_oldest_turns_to_stay_within_the_context():

@@ -203,8 +203,8 @@ def read_chitchat(blob: bytes) -> list[str]:
     them. The JSON keeps a conversation as turns, each a list of one sender's messages; a turn's
     messages make one line (joined by spaces, a newline inside a message read as a space), empty
     turns are left out and one sender's turns that then meet are one turn. So the model learns the
-    format `andrea chat` and `andrea serve` speak: after `> line\n< ` comes a reply, ended by a
-    newline."""
+    format `andrea chat` and `andrea serve` speak: after `> line\n<` comes a reply (its first word
+    with the space before it), ended by a newline."""
     with zipfile.ZipFile(io.BytesIO(blob)) as z:
         data = json.loads(z.read("chitchat_dataset/dataset.json").decode("utf-8"))
     if not isinstance(data, dict):

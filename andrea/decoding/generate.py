@@ -316,9 +316,14 @@ class TextGenerator:
 class Chat:
     """A conversation in ANDREA's turn format: `> ` starts the person's line, `< ` the model's.
 
-    The model sees BOS, then the turns so far, then `> line\\n< `, and its reply ends at the first
-    newline (or BOS, or max_new_tokens). The oldest turns are dropped whenever the conversation
-    plus room for a reply (max_new_tokens, at most half the context) would not fit the context.
+    The model sees BOS, then the turns so far, then `> line\\n<`, and its reply ends at the first
+    newline (or BOS, or max_new_tokens). The prompt stops before the space after `<`: in the
+    training text that space begins the reply's first word (" im good" is the token " im", then
+    " good"), so a prompt ending in a space token asks for a continuation the model never saw
+    (measured: BENCHMARKS.md's chat section). The model writes the space with its first word, and
+    the reply is its text without that one space. The oldest turns are dropped whenever the
+    conversation plus room for a reply (max_new_tokens, at most half the context) would not fit
+    the context.
     """
 
     def __init__(self, generator: TextGenerator, max_new_tokens: int = 256, temperature: float = 1.0,
@@ -352,8 +357,10 @@ class Chat:
                 counted[0] += 1
                 yield i
 
-        answer, self.ended = [], None
+        answer, self.ended, first = [], None, True
         for piece in stream_text_pieces(self.generator.tokenizer, count(ids)):
+            if first and piece:  # the format's space after `<`, written by the model with its first word
+                piece, first = piece.removeprefix(" "), False
             piece, newline, _ = piece.partition("\n")
             if piece:
                 answer.append(piece)
@@ -375,7 +382,7 @@ def chat_prompt_ids(tokenizer, block_size: int, max_new_tokens: int, turns, line
     to fit in any tokenization are dropped before anything is encoded."""
     room = block_size - min(max_new_tokens, window_keep(block_size))
     texts = [f"> {person}\n< {model}\n" for person, model in turns]
-    tail = preamble + f"> {line}\n< "
+    tail = preamble + f"> {line}\n<"  # the reply's space comes with its first word, as in training
     n = 0
     if max_token_bytes:
         size = len(tail.encode("utf-8")) + sum(len(t.encode("utf-8")) for t in texts)
@@ -383,7 +390,7 @@ def chat_prompt_ids(tokenizer, block_size: int, max_new_tokens: int, turns, line
             size -= len(texts[n].encode("utf-8"))
             n += 1
     while True:
-        ids = tokenizer.encode(preamble + "".join(texts[n:]) + f"> {line}\n< ", bos=True)
+        ids = tokenizer.encode(preamble + "".join(texts[n:]) + f"> {line}\n<", bos=True)
         if len(ids) <= room or n == len(texts):
             return ids, n
         n += 1

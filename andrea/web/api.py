@@ -14,7 +14,8 @@ The fields, answers, stream chunks (server-sent events ending in `data: [DONE]`)
 are OpenAI's (`andrea.web.protocol`). `top_k` is an extension; a field given as null reads as its
 default. A chat is written in ANDREA's turn format, as `andrea chat` writes it
 (`andrea.decoding.generate.chat_prompt_ids`): BOS, the system messages as lines of text, then
-`> person\\n< model\\n` per turn, then `> last line\\n< `; the reply ends at the first newline, and
+`> person\\n< model\\n` per turn, then `> last line\\n<` (the reply's first space comes with its first
+word, as in training, and is not part of the reply's text); the reply ends at the first newline, and
 the oldest turns are dropped when the whole would not fit the context with room for the reply.
 
 Several answers. A completion's prompt may be a list of prompts (strings or lists of token ids,
@@ -258,7 +259,7 @@ async def reply(request, served: Served, scheduler: Scheduler, chat: bool):
             for ids in prompts:
                 for j in range(n):
                     seed = settings["seed"] if settings["seed"] is None else (settings["seed"] + j) % (MAX_SEED + 1)
-                    job = Job(ids, {**settings, "seed": seed}, stops, served.tokenizer, loop, client)
+                    job = Job(ids, {**settings, "seed": seed}, stops, served.tokenizer, loop, client, chat)
                     scheduler.submit(job)
                     jobs.append(job)
         except RequestError:

@@ -42,10 +42,11 @@ class Reply:
     """The text of a reply as tokens arrive: whole UTF-8 characters only, and never a piece that
     might begin a stop string until the next token shows it does not (so no stop string is sent)."""
 
-    def __init__(self, tokenizer, stops: list[str]):
+    def __init__(self, tokenizer, stops: list[str], chat: bool = False):
         self.tokenizer, self.stops = tokenizer, stops
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.held = ""
+        self.space = chat  # a chat reply's first space is the turn format's, after `<` (as in `andrea chat`)
 
     def _cut(self, text: str, final: bool) -> tuple[str, bool]:
         found = [i for i in (text.find(s) for s in self.stops) if i >= 0]
@@ -64,7 +65,10 @@ class Reply:
 
     def add(self, token: int) -> tuple[str, bool]:
         """(text that may be sent now, whether a stop string was reached)."""
-        return self._cut(self.held + self.decoder.decode(self.tokenizer.token_bytes(token)), False)
+        text = self.decoder.decode(self.tokenizer.token_bytes(token))
+        if self.space and text:
+            text, self.space = text.removeprefix(" "), False
+        return self._cut(self.held + text, False)
 
     def finish(self) -> tuple[str, bool]:
         """What is left to send when the reply ends (at BOS or its length), and whether the last
@@ -75,10 +79,11 @@ class Reply:
 class Job:
     """One request: its prompt and settings, and the queue on the event loop its events go to."""
 
-    def __init__(self, ids: list[int], settings: dict, stops: list[str], tokenizer, loop, client: str | None = None):
+    def __init__(self, ids: list[int], settings: dict, stops: list[str], tokenizer, loop, client: str | None = None,
+                 chat: bool = False):
         self.ids, self.settings, self.client = ids, settings, client
         self.max_tokens = settings["max_tokens"]
-        self.reply = Reply(tokenizer, stops)
+        self.reply = Reply(tokenizer, stops, chat)
         self.loop = loop
         self.events: asyncio.Queue = asyncio.Queue()
         self.cancelled = False  # set by the event loop: the client went away
