@@ -320,13 +320,49 @@ def utf8_text(data: bytes, what: str, advice: str = "andrea reads text as UTF-8"
         raise AndreaError(f"{what} is not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start:,}); {advice}.") from None
 
 
-def read_json(path, what: str = "file"):
-    """The JSON value in a file, or an AndreaError that names `what`, the path and the problem."""
+MAX_JSON_LINE = 1 << 20  # one row of andrea's JSON Lines files (metrics.jsonl): a few KB at most
+
+
+def json_lines(f, where: str, cap: int = MAX_JSON_LINE):
+    """(line number, value or None) for each line of a binary file of JSON Lines; a line that is
+    not JSON, or longer than `cap` bytes, gives None. No more than `cap` bytes of a line are ever
+    held: the rest of a longer one is skipped in pieces, so a one-line 7 GB file costs nothing."""
+    number = 0
+    while True:
+        line = f.readline(cap + 1)
+        if not line:
+            return
+        number += 1
+        if len(line) > cap:  # too long: skip to the end of this line without keeping it
+            while line and not line.endswith(b"\n"):
+                line = f.readline(cap)
+            yield number, None
+            continue
+        try:
+            yield number, parse_json(line, where, number)
+        except AndreaError:
+            yield number, None
+
+
+MAX_JSON_BYTES = 64 << 20  # andrea's own JSON files: the largest, a tokenizer's, is well under 1 MB
+
+
+def read_json(path, what: str = "file", limit: int = MAX_JSON_BYTES):
+    """The JSON value in a file, or an AndreaError that names `what`, the path and the problem. A
+    file over `limit` bytes is refused by its size (fstat, before a byte is read), so a huge or
+    sparse file costs no memory."""
     path = Path(path)
     if path.exists() and not path.is_dir():
         check_regular(path, what)
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > limit:
+                raise AndreaError(f"{what} {path} holds {size:,} bytes, more than the {limit:,} andrea reads as one "
+                                  f"JSON file; it is not a file andrea wrote.")
+            data = f.read(limit + 1)
+        if len(data) > limit:  # it grew while being read
+            raise AndreaError(f"{what} {path} holds more than the {limit:,} bytes andrea reads as one JSON file.")
     except FileNotFoundError:
         raise AndreaError(f"{what} {path} does not exist.") from None
     except IsADirectoryError:

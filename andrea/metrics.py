@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from andrea.errors import AndreaError
-from andrea.files import open_regular, parse_json, write_error_reason
+from andrea.files import json_lines, open_regular, write_error_reason
 from andrea.validate import is_int, is_real
 
 
@@ -50,11 +50,7 @@ def read_metrics(path: Path) -> list[dict]:
     rows = []
     try:
         with open_regular(path, "rb", "the metrics file") as f:
-            for line in f:
-                try:
-                    row = parse_json(line, str(path))
-                except AndreaError:
-                    continue
+            for _, row in json_lines(f, str(path)):  # a line of more than MAX_JSON_LINE bytes is skipped
                 if isinstance(row, dict):
                     rows.append(row)
     except (OSError, AndreaError):  # none yet, or not a regular file: nothing to draw from

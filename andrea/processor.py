@@ -230,13 +230,21 @@ def _read_cached(ident: dict) -> Verdict | None:
     except TypeError:
         return None
     numbers = (verdict.f32_gflops, verdict.bf16_gflops)
-    if (not isinstance(verdict.native, bool) or not isinstance(verdict.threads, int)
-            or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in numbers)
+    # every field of its type and range, rates finite and below 10^9 GFLOP/s: a cache that passes
+    # nothing else is measured again, never believed (a 400-digit rate would overflow later)
+    if (not isinstance(verdict.native, bool) or type(verdict.threads) is not int or not 1 <= verdict.threads <= 1 << 16
+            or not all(type(x) in (int, float) and 0 < x < 1e9 for x in numbers)
             or not isinstance(verdict.flags, list) or not all(isinstance(f, str) for f in verdict.flags)
-            or not isinstance(verdict.processor, str)):
+            or not isinstance(verdict.flags_known, bool) or not isinstance(verdict.processor, str)):
         return None
     verdict.source = "cached"
     return verdict
+
+
+def cached_verdict() -> Verdict | None:
+    """The verdict the cache holds for this processor as it is now, read back and checked (None
+    where there is none, or it does not read)."""
+    return _read_cached(identity())
 
 
 def _write_cached(ident: dict, verdict: Verdict) -> None:

@@ -100,6 +100,10 @@ def test_one_json_reader_turns_python_limits_into_one_sentence(tmp_path):
         read_json(tmp_path / "deep990.json")
     assert parse_json('{"s": "[[[[\\"[[[[", "t": [[1], {"u": [2]}]}', "x") == {"s": '[[[["[[[[', "t": [[1], {"u": [2]}]}
     assert parse_json("[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH, "x") is not None
+    with open(tmp_path / "sparse.json", "wb") as f:  # 7 GB of nothing: refused by its size, nothing read
+        f.truncate(7 << 30)
+    with pytest.raises(AndreaError, match=r"sparse\.json holds 7,516,192,768 bytes, more than the 67,108,864"):
+        read_json(tmp_path / "sparse.json", "training config")
 
 @pytest.mark.hostile
 def test_a_fifo_is_refused_where_a_file_is_read(prepared_root, root_run, tmp_path, capsys):

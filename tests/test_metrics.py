@@ -3,6 +3,8 @@
 import pytest
 from helpers import audited_train_args, cli, damaged_copy
 
+from andrea.metrics import read_metrics
+
 # ---------------------------------------------------------------- hostile input
 
 
@@ -63,3 +65,24 @@ def test_a_resumed_run_with_fifos_for_its_records_ends_in_one_sentence_not_a_han
     code, _, err = cli(capsys, *audited_train_args(two_source_data, two_source_model_json, out, "--resume", steps=6))
     assert "metrics.jsonl is a FIFO" in one_sentence(code, err)
     assert (out / "train.json").is_file() and (out / "latest.safetensors").read_bytes() == before
+
+
+@pytest.mark.hostile
+def test_a_line_of_hundreds_of_megabytes_is_skipped_without_being_held(tmp_path):
+    """JSON Lines are read with a per-line cap (andrea.files.json_lines): a huge line costs at most
+    the cap in memory, and the rows around it are read."""
+    import tracemalloc
+
+    path = tmp_path / "metrics.jsonl"
+    with open(path, "wb") as f:
+        f.write(b'{"step": 1, "loss": 2.0, "smma": 2.0}\n')
+        f.seek(300 << 20)  # 300 MB of NUL bytes on one line, then a newline and a row
+        f.write(b'\n{"step": 2, "loss": 1.5, "smma": 1.9}\n')
+    tracemalloc.start()
+    try:
+        rows = read_metrics(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert [r["step"] for r in rows] == [1, 2]
+    assert peak < 8 << 20, peak

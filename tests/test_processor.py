@@ -169,18 +169,25 @@ def test_verdict_is_measured_once_cached_and_measured_again_when_the_processor_c
 
 @pytest.mark.hostile
 @pytest.mark.parametrize("content", [b"{not json", b"[]", b'{"verdicts": []}', b'{"verdicts": {"x": 1}}',
-                                     "wrong types"])
+                                     {"native": "yes", "f32_gflops": float("nan"), "bf16_gflops": -1},
+                                     {"f32_gflops": 10**400}, {"bf16_gflops": float("inf")}, {"threads": True},
+                                     {"threads": 0}, {"flags_known": "maybe"}, "sparse"])
 def test_a_damaged_cache_is_measured_again_not_believed(fresh, monkeypatch, content):
-    if content == "wrong types":  # the right identity, a verdict whose fields are of the wrong kinds
-        ident = processor.identity()
-        v = {"native": "yes", "processor": "x", "threads": 2, "flags": [], "flags_known": True,
-             "f32_gflops": float("nan"), "bf16_gflops": -1, "source": "measured"}
-        content = json.dumps({"verdicts": {processor._key(ident): {"identity": ident, "verdict": v}}}).encode()
     fresh.mkdir(parents=True)
-    (fresh / "processor.json").write_bytes(content)
+    if isinstance(content, dict):  # the right identity, a verdict with one field of the wrong kind or range
+        ident = processor.identity()
+        v = {"native": True, "processor": "x", "threads": 2, "flags": [], "flags_known": True,
+             "f32_gflops": 100.0, "bf16_gflops": 300.0, "source": "measured", **content}
+        content = json.dumps({"verdicts": {processor._key(ident): {"identity": ident, "verdict": v}}}).encode()
+    if content == "sparse":  # 7 GB of nothing: refused by its size before a byte is read
+        with open(fresh / "processor.json", "wb") as f:
+            f.truncate(7 << 30)
+    else:
+        (fresh / "processor.json").write_bytes(content)
     monkeypatch.setattr(processor, "product_rates", lambda: (100.0, 1.0))
     v = processor.bf16_verdict()
     assert v.source == "measured" and v.native is False
+    assert (fresh / "processor.json").stat().st_size < 10_000  # measured again, and the cache healed
 
 
 @pytest.mark.hostile
@@ -229,6 +236,16 @@ def test_doctor_prints_rates_the_choice_and_the_main_jobs_steps(fresh, monkeypat
     assert "bfloat16: emulated (set by ANDREA_BF16)" in out and "Muon's orthogonalization in float32" in out
     assert "MFU is taken against float32's" in out
     assert "GFLOP/s" in out  # the rates are measured for the report even when the verdict is forced
+    monkeypatch.delenv(processor.ENV)
+    assert main(["doctor", "--steps", "1"]) == 0
+    assert f"(measured now, kept in {fresh / 'processor.json'})" in capsys.readouterr().out
+    # "kept" only where it was: a cache that cannot be written is said to be measured again next time
+    blocked = fresh.parent / "not-a-folder"
+    blocked.write_text("a file where the cache folder would be")
+    monkeypatch.setenv("ANDREA_CACHE", str(blocked))
+    assert main(["doctor", "--steps", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "could not be written, so it is measured again next time" in out and "kept in" not in out
 
 
 SUBNORMAL_PRODUCT = """

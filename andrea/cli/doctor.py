@@ -14,7 +14,7 @@ def cmd_doctor(args) -> int:
 
     from andrea.errors import AndreaError
     from andrea.mainjob import MainJob, time_cpu_step
-    from andrea.processor import ENV, SHAPE, bf16_verdict, cache_file, measure
+    from andrea.processor import ENV, SHAPE, bf16_verdict, cache_file, cached_verdict, measure
 
     if args.steps < 1:
         raise AndreaError(f"--steps must be at least 1, got {args.steps}.")
@@ -52,7 +52,12 @@ def cmd_doctor(args) -> int:
     print(f"bfloat16 flags: {flags}")
     print(f"a {m}×{k} @ {k}×{n} product: float32 {rates.f32_gflops:,.1f} GFLOP/s, bfloat16 {rates.bf16_gflops:,.1f} "
           f"GFLOP/s ({rates.bf16_gflops / rates.f32_gflops:.2f}× float32)")
-    where = f"set by {ENV}" if verdict.f32_gflops is None else f"measured now, kept in {cache_file()}"
+    if verdict.f32_gflops is None:
+        where = f"set by {ENV}"
+    elif cached_verdict() is not None:  # read back: "kept" only where it was
+        where = f"measured now, kept in {cache_file()}"
+    else:
+        where = f"measured now; {cache_file()} could not be written, so it is measured again next time"
     print(f"bfloat16: {'native' if verdict.native else 'emulated'} ({where})")
     print(verdict.choice())
     print(f"a CPU run's MFU is taken against {'bfloat16' if native else 'float32'}'s {peak:,.1f} GFLOP/s above, the "
