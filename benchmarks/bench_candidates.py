@@ -22,6 +22,11 @@ candidate tried under `--out`, whichever call ran it.
     .venv/bin/python benchmarks/bench_candidates.py --candidates now --seeds 1337          # one run, 15 minutes
     .venv/bin/python benchmarks/bench_candidates.py --candidates now t128 peer --seeds 1337 1338 1339
     .venv/bin/python benchmarks/bench_candidates.py --table                                 # every run kept, no training
+    .venv/bin/python benchmarks/bench_candidates.py --rechat                                # the chat again, every kept run
+
+`--rechat` measures the chat of every kept run again with andrea's current `andrea chat` (after a
+change to the turn format, as when chat prompts came to end at `<`), keeping the first figure as
+`chat_before`, which the table shows beside it.
 """
 
 from __future__ import annotations
@@ -80,7 +85,6 @@ def run_one(name: str, seed: int, minutes: float, out: Path) -> dict:
 
 def scores(checkpoint: str, data: str) -> dict:
     """What both lessons and the chat say of the checkpoint."""
-    from bench_chat import MAX_NEW_TOKENS, PROMPTS, SEEDS, measure
     from bench_vocab import ppmi_scores
     from bench_vocab import scores as table_scores
 
@@ -94,8 +98,6 @@ def scores(checkpoint: str, data: str) -> dict:
     att = attention.lesson(attention.load_inputs(checkpoint))
     by = {s.key: s for s in att}
     kinds = by["heads"].numbers.get("kinds", {})
-    say("scoring: the chat")
-    chat = measure(Path(checkpoint), PROMPTS, SEEDS, MAX_NEW_TOKENS)
     return {
         "embedding_verdicts": {s.key: s.verdict for s in steps},
         "attention_verdicts": {s.key: s.verdict for s in att},
@@ -106,9 +108,27 @@ def scores(checkpoint: str, data: str) -> dict:
         "first": kinds.get("first", {}).get("best"),
         "all_heads": by["ablation"].numbers.get("all_heads"), "largest_head": by["ablation"].numbers.get("largest"),
         "later": by["later"].numbers.get("score"), "later_se": by["later"].numbers.get("standard_error"),
-        "chat": {k: chat[k] for k in ("non_empty", "turn", "readable", "words")},
-        "chat_examples": [{"prompt": r["prompt"], "reply": r["reply"][:200]} for r in chat["replies"][:3]],
+        **chat_scores(Path(checkpoint)),
     }
+
+
+def chat_scores(checkpoint: Path) -> dict:
+    """bench_chat.py's replies to its prompts under its seeds: the shares and the first examples."""
+    from bench_chat import MAX_NEW_TOKENS, PROMPTS, SEEDS, measure
+
+    say(f"scoring: the chat of {checkpoint}")
+    chat = measure(Path(checkpoint), PROMPTS, SEEDS, MAX_NEW_TOKENS)
+    return {"chat": {k: chat[k] for k in ("non_empty", "turn", "readable", "words")},
+            "chat_examples": [{"prompt": r["prompt"], "reply": r["reply"][:200]} for r in chat["replies"][:3]]}
+
+
+def rechat(path: Path) -> None:
+    """A kept run's chat measured again with the current turn format; the earlier one is kept as
+    `chat_before` (the first measurement's, not overwritten by a second --rechat)."""
+    r = json.loads(path.read_text())
+    r.setdefault("chat_before", r["chat"])
+    r.update(chat_scores(path.parent / "best.safetensors"))
+    path.write_text(json.dumps(r, indent=2) + "\n")
 
 
 def count(verdicts: dict) -> str:
@@ -129,7 +149,9 @@ def row(r: dict) -> list:
             f"{r['simlex']['rho']:+.2f} ({r['ppmi_simlex']['rho']:+.2f})",
             f"{r['previous']:.2f} / {r['induction']:.2f}", f"{r['all_heads']:+.3f}",
             f"{r['later']:+.3f} ± {r['later_se']:.3f}", count(r["embedding_verdicts"]), count(r["attention_verdicts"]),
-            f"{100 * r['chat']['readable']:.0f}% ({100 * r['chat']['turn']:.0f}%)"]
+            f"{100 * r['chat']['readable']:.0f}% ({100 * r['chat']['turn']:.0f}%)"
+            + (f"; before the turn-format fix {100 * r['chat_before']['readable']:.0f}% "
+               f"({100 * r['chat_before']['turn']:.0f}%)" if "chat_before" in r else "")]
 
 
 def mean_row(name: str, runs: list[dict]) -> list:
@@ -182,9 +204,9 @@ def report(records: list[dict], minutes_this_call: float) -> None:
                     "margin", "WordSim (PPMI)", "SimLex (PPMI)", "prev / ind", "all heads", "later",
                     "lesson", "attention lesson", "chat readable (turn)"], rows,
                    right={3, 4, 5, 8, 9, 10, 11, 12, 13}))
-    print("\nFirst chat replies of each run (seed 1 of bench_chat):\n\n```text")
+    print("\nThe first chat reply of each run (seed 1 of bench_chat):\n\n```text")
     for r in records:
-        for ex in r["chat_examples"][:2]:
+        for ex in r["chat_examples"][:1]:
             print(f"{r['candidate']} {r['seed']}: > {ex['prompt']} < {ex['reply'].strip()[:120]}")
     print("```")
 
@@ -199,10 +221,15 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=Path("runs/candidates"), help="the runs' folder (default runs/candidates); "
                     "a run that finished there is reused, and the table shows every run it holds")
     ap.add_argument("--table", action="store_true", help="print the table of the runs kept under --out, training nothing")
+    ap.add_argument("--rechat", action="store_true", help="measure the chat of every kept run again with andrea's "
+                    "current chat (after a change to the turn format), then print the table")
     args = ap.parse_args(argv)
     t0 = time.time()
     try:
-        if not args.table:
+        if args.rechat:
+            for path in sorted(args.out.glob("*/candidate.json")):
+                rechat(path)
+        elif not args.table:
             for name in args.candidates:
                 for seed in args.seeds:
                     run_one(name, seed, args.minutes, args.out)

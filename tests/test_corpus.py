@@ -256,8 +256,9 @@ def test_chitchat_reader_keeps_the_turns_in_andreas_format():
 
 
 def test_a_chitchat_document_is_what_andrea_chat_shows_the_model():
-    """The model, after BOS, sees `> line\n< ` before its reply (generate.chat_prompt_ids), and
-    its reply ends at a newline: the training text is that, turn after turn."""
+    """The model, after BOS, sees `> line\n<` before its reply (generate.chat_prompt_ids), which it
+    begins with the space before its first word, and its reply ends at a newline: the training
+    text is that, turn after turn."""
     from andrea.decoding.generate import chat_prompt_ids
 
     class Chars:  # a tokenizer of one id per character, enough to read back what the model sees
@@ -269,7 +270,7 @@ def test_a_chitchat_document_is_what_andrea_chat_shows_the_model():
     (doc,) = corpus_readers.read_chitchat(wheel({"chitchat_dataset/dataset.json": json.dumps(data)}))
     ids, dropped = chat_prompt_ids(Chars(), 1024, 64, [("Hi there", "hey how are you")], "good")
     seen = "".join(chr(i) for i in ids[1:])
-    assert dropped == 0 and doc.startswith(seen) and doc[len(seen):] == "nice"
+    assert dropped == 0 and doc.startswith(seen) and doc[len(seen):] == " nice"
 
 
 BROWN_SAMPLE = (
