@@ -60,7 +60,8 @@ def run_one(name: str, seed: int, minutes: float, out: Path) -> dict:
     from andrea.mainjob import MainJob, run_main_job
     from andrea.processor import compute_dtype
 
-    folder = out / f"{name}-seed-{seed}"
+    isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "")  # the emulated kind keeps runs of its own
+    folder = out / (f"{name}-seed-{seed}" + (f"-{isa.lower()}" if isa else ""))
     done = folder / "candidate.json"
     if done.exists():
         say(f"{name}, seed {seed}: reusing {done}")
