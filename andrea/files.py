@@ -93,7 +93,15 @@ def atomic_output(path):
 
 
 def _umask() -> int:
-    """The process's umask (read by setting it and setting it back)."""
+    """The process's umask: from /proc/self/status where there is one (reading it so changes
+    nothing), else by setting it and setting it back."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
@@ -329,11 +337,11 @@ def json_lines(f, where: str, cap: int = MAX_JSON_LINE):
     held: the rest of a longer one is skipped in pieces, so a one-line 7 GB file costs nothing."""
     number = 0
     while True:
-        line = f.readline(cap + 1)
+        line = f.readline(cap + 2)
         if not line:
             return
         number += 1
-        if len(line) > cap:  # too long: skip to the end of this line without keeping it
+        if len(line.rstrip(b"\n")) > cap:  # too long: skip to the end of this line without keeping it
             while line and not line.endswith(b"\n"):
                 line = f.readline(cap)
             yield number, None

@@ -349,7 +349,9 @@ def test_chat_logprobs_are_the_models_on_the_chat_prompt_and_the_reply(server, r
     assert len(content) == r.usage.completion_tokens and all(len(e.top_logprobs) == 2 for e in content)
     ids, _ = chat_prompt_ids(tok, model.config.block_size, 10, [], "the cat")
     reply = [names(tok)[e.token] for e in content]
-    assert [bytes(e.bytes) for e in content] == [tok.token_bytes(t) for t in reply]
+    assert b"".join(bytes(e.bytes) for e in content) == b"".join(map(tok.token_bytes, reply)).removeprefix(b" ")
+    # the bytes are the reply's text, then (when it ended at the turn) the token that ended it
+    assert b"".join(bytes(e.bytes) for e in content).decode("utf-8", "replace").startswith(r.choices[0].message.content)
     want = model_logprobs(model, ids + reply)
     for j, e in enumerate(content):
         assert abs(e.logprob - want[len(ids) - 1 + j, reply[j]].item()) <= 1e-5

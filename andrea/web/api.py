@@ -242,6 +242,8 @@ async def reply(request, served: Served, scheduler: Scheduler, chat: bool):
                            "leave stream out for those.", param="stream")
     if logprobs is not None:
         T = served.config.block_size
+        if chat:  # a chat reply ends at its line's end: its logprobs take the room the prompt leaves
+            settings["max_tokens"] = max(1, min(settings["max_tokens"], T + 1 - len(prompts[0])))
         for ids in prompts:
             if len(ids) + settings["max_tokens"] - 1 > T:
                 raise RequestError(f"logprobs are read from one pass over the prompt and the reply, which must fit "
@@ -320,12 +322,15 @@ def completion_logprobs(served: Served, ids: list[int], scored: list, text: str,
 
 
 def chat_logprobs(served: Served, ids: list[int], scored: list, text: str, start: int) -> dict:
-    """OpenAI's chat logprobs: {"content": [{token, logprob, bytes, top_logprobs}]} per reply token."""
+    """OpenAI's chat logprobs: {"content": [{token, logprob, bytes, top_logprobs}]} per reply token;
+    the reply's bytes joined are its text (the first token's space, the turn format's, left out)."""
     def entry(t: int, v: float) -> dict:
         return {"token": served.label(t), "logprob": v, "bytes": list(served.tokenizer.token_bytes(t))}
 
-    return {"content": [{**entry(t, lp), "top_logprobs": [entry(a, v) for a, v in alts]}
-                        for t, (lp, alts) in zip(ids, scored)]}
+    content = [{**entry(t, lp), "top_logprobs": [entry(a, v) for a, v in alts]} for t, (lp, alts) in zip(ids, scored)]
+    if content and content[0]["bytes"][:1] == [0x20]:  # the turn format's space, not part of the reply's text
+        content[0]["bytes"] = content[0]["bytes"][1:]
+    return {"content": content}
 
 
 async def tokenize_reply(request, served: Served):

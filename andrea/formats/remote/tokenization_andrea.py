@@ -45,6 +45,7 @@ class AndreaTokenizer(PreTrainedTokenizer):
         add_bos_token = kwargs.pop("add_bos_token", True)  # as andrea trains: every document after BOS
         super().__init__(bos_token=bos_token, eos_token=eos_token, **kwargs)
         self.add_bos_token = add_bos_token
+        self.init_kwargs["add_bos_token"] = add_bos_token  # kept by save_pretrained
 
     @property
     def vocab_size(self) -> int:
@@ -65,7 +66,7 @@ class AndreaTokenizer(PreTrainedTokenizer):
         return self.pieces[index]
 
     def convert_tokens_to_string(self, tokens) -> str:
-        return self.rule.decode([self.piece_ids[t] for t in tokens])
+        return self.rule.decode([self._convert_token_to_id(t) for t in tokens])
 
     def _decode(self, token_ids, skip_special_tokens=False, clean_up_tokenization_spaces=None, **kwargs) -> str:
         ids = [token_ids] if isinstance(token_ids, int) else [int(i) for i in token_ids]
