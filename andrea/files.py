@@ -332,7 +332,7 @@ MAX_JSON_LINE = 1 << 20  # one row of andrea's JSON Lines files (metrics.jsonl):
 
 
 def json_lines(f, where: str, cap: int = MAX_JSON_LINE):
-    """(line number, value or None) for each line of a binary file of JSON Lines; a line that is
+    """The value (or None) of each line of a binary file of JSON Lines; a line that is
     not JSON, or longer than `cap` bytes, gives None. No more than `cap` bytes of a line are ever
     held: the rest of a longer one is skipped in pieces, so a one-line 7 GB file costs nothing."""
     number = 0
@@ -344,12 +344,12 @@ def json_lines(f, where: str, cap: int = MAX_JSON_LINE):
         if len(line.rstrip(b"\n")) > cap:  # too long: skip to the end of this line without keeping it
             while line and not line.endswith(b"\n"):
                 line = f.readline(cap)
-            yield number, None
+            yield None
             continue
         try:
-            yield number, parse_json(line, where, number)
+            yield parse_json(line, where, number)
         except AndreaError:
-            yield number, None
+            yield None
 
 
 MAX_JSON_BYTES = 64 << 20  # andrea's own JSON files: the largest, a tokenizer's, is well under 1 MB

@@ -50,7 +50,7 @@ def read_metrics(path: Path) -> list[dict]:
     rows = []
     try:
         with open_regular(path, "rb", "the metrics file") as f:
-            for _, row in json_lines(f, str(path)):  # a line of more than MAX_JSON_LINE bytes is skipped
+            for row in json_lines(f, str(path)):  # a line of more than MAX_JSON_LINE bytes is skipped
                 if isinstance(row, dict):
                     rows.append(row)
     except (OSError, AndreaError):  # none yet, or not a regular file: nothing to draw from

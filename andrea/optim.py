@@ -20,7 +20,7 @@ groups here (on the meta device, without memory) to translate between the two.
 
 Muon is torch's (`torch.optim.Muon`: its parameter groups, state and checkpoints) with one
 change, `andrea.optim.Muon`: the Newton-Schulz products run in a number format chosen for the
-device (`andrea.processor.orthogonalization_dtype`), where torch's always casts to bfloat16, which
+device (`andrea.processor.compute_dtype`), where torch's always casts to bfloat16, which
 a CPU without native bf16 emulates about a hundred times slower than float32. In bfloat16 its
 step equals torch's exactly (tests/test_optim.py).
 """
@@ -33,7 +33,7 @@ import re
 import torch
 
 from andrea.errors import AndreaError
-from andrea.processor import orthogonalization_dtype
+from andrea.processor import compute_dtype
 from andrea.trainconfig import DEFAULT_LR, RECIPES
 
 MUON = "muon"  # the `optimizer` key of a v3 group trained by Muon
@@ -93,7 +93,7 @@ def make_optimizer(model: torch.nn.Module, recipe: str, lr: float | None = None,
         return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), fused=fused)
     scale = 1.0 if muon_lr is None else muon_lr / lr
     muon = Muon([{**groups[0], "lr": lr * scale, "lr_scale": scale}], lr=lr * scale, weight_decay=weight_decay,
-                momentum=0.95, nesterov=True, adjust_lr_fn="match_rms_adamw", ns_dtype=orthogonalization_dtype(device))
+                momentum=0.95, nesterov=True, adjust_lr_fn="match_rms_adamw", ns_dtype=compute_dtype(device))
     adamw = torch.optim.AdamW(groups[1:], lr=lr, betas=(0.9, 0.95), fused=fused)
     return Optimizers([muon, adamw])
 

@@ -285,11 +285,6 @@ def compute_dtype(device) -> "torch.dtype":  # noqa: F821 (torch is imported whe
     return torch.float32  # meta (the formats' bookkeeping) and others: no products run
 
 
-def orthogonalization_dtype(device) -> "torch.dtype":  # noqa: F821
-    """The number format Muon's Newton-Schulz products run in on `device`: training's (compute_dtype)."""
-    return compute_dtype(device)
-
-
 def training_autocast(device):
     """The context a training step's forward (and so its backward) runs in on `device`: bfloat16
     autocast where compute_dtype is bfloat16, nothing where it is float32."""

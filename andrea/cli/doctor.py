@@ -29,7 +29,7 @@ def cmd_doctor(args) -> int:
     step = time_cpu_step(job, steps=args.steps)
     cuda = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     native = verdict.native
-    peak = rates.bf16_gflops if native else rates.f32_gflops  # what a CPU run's MFU is taken against
+    peak = rates.rate(native)  # what a CPU run's MFU is taken against
     report = {
         "processor": verdict.processor, "cores": os.cpu_count(), "torch": torch.__version__,
         "threads": verdict.threads, "capability": torch.backends.cpu.get_cpu_capability(),

@@ -114,9 +114,9 @@ class Served:
         self.max_token_bytes = max(len(tokenizer.token_bytes(i)) for i in range(tokenizer.vocab_size))
         self.lock = threading.Lock()  # one encoding at a time (the tokenizer's word cache is shared)
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, bos: bool = True) -> list[int]:
         with self.lock:
-            return self.tokenizer.encode(text, bos=True)
+            return self.tokenizer.encode(text, bos=bos)
 
     def check_context(self, ids: list[int], param: str) -> list[int]:
         T = self.config.block_size
@@ -299,12 +299,13 @@ def _choices(served: Served, render: Render, prompts, jobs, results, n: int, ech
             scored = served.scores(full, max(start, 1), logprobs)
             if start == 0:  # the first token has nothing before it
                 scored = [(None, None)] + scored
-            lp = (chat_logprobs if render.chat else completion_logprobs)(served, full[start:], scored, head + text, start)
+            lp = chat_logprobs(served, full[start:], scored) if render.chat else \
+                completion_logprobs(served, full[start:], scored, head + text)
         out.append(render.choice(i, head + text, reason, lp))
     return out
 
 
-def completion_logprobs(served: Served, ids: list[int], scored: list, text: str, start: int) -> dict:
+def completion_logprobs(served: Served, ids: list[int], scored: list, text: str) -> dict:
     """OpenAI's completions logprobs: tokens, token_logprobs, top_logprobs (the alternatives by
     label, most likely first) and text_offset (where each token's text starts in `text`)."""
     offsets, at = [], 0
@@ -321,7 +322,7 @@ def completion_logprobs(served: Served, ids: list[int], scored: list, text: str,
             "top_logprobs": tops, "text_offset": offsets}
 
 
-def chat_logprobs(served: Served, ids: list[int], scored: list, text: str, start: int) -> dict:
+def chat_logprobs(served: Served, ids: list[int], scored: list) -> dict:
     """OpenAI's chat logprobs: {"content": [{token, logprob, bytes, top_logprobs}]} per reply token;
     the reply's bytes joined are its text (the first token's space, the turn format's, left out)."""
     def entry(t: int, v: float) -> dict:
@@ -342,9 +343,7 @@ async def tokenize_reply(request, served: Served):
     f = request_fields(body, {"model", "prompt", "add_special_tokens"})
     check_model(served, body.get("model"))
     text = check_text(body.get("prompt"), "prompt")
-    bos = f.flag("add_special_tokens", True)
-    with served.lock:
-        ids = served.tokenizer.encode(text, bos=bos)
+    ids = served.encode(text, bos=f.flag("add_special_tokens", True))
     return JSONResponse({"count": len(ids), "max_model_len": served.config.block_size, "tokens": ids})
 
 
