@@ -120,6 +120,19 @@ class Rows:
         self.positions = torch.tensor(list(positions), dtype=torch.long)
 
 
+def one_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """One query's attention over keys k and values v (a decoding step): SDPA on CUDA; on a CPU
+    softmax(q·kᵀ/√hs)·v in plain products. SDPA's CPU kernel splits a single query's keys among
+    torch's threads, so its rounding follows the thread count (torch 2.13: at 1 and 2 threads it
+    differed at 9 of 32 key lengths); each head's plain products run on one thread, so they round
+    alike on any count, which lets `andrea serve` decode on fewer threads than `andrea generate`
+    and keep its tokens (tests/test_web_api.py); benchmarks/bench_decode.py times it."""
+    if q.device.type != "cpu":
+        return F.scaled_dot_product_attention(q, k, v)
+    weights = torch.softmax((q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5, dim=-1, dtype=torch.float32)
+    return weights.to(v.dtype) @ v
+
+
 def attend(q, k, v, keys=None, values=None, at: int | torch.Tensor | Rows = 0, mask=None) -> torch.Tensor:
     """Scaled dot-product attention of queries q over keys k and values v (B, nh, T, hs), the one
     place a forward pass writes a KV cache and calls the attention kernel.
@@ -137,7 +150,7 @@ def attend(q, k, v, keys=None, values=None, at: int | torch.Tensor | Rows = 0, m
     if isinstance(at, Rows):
         keys[at.slots, :, at.positions] = k[:, :, 0]
         values[at.slots, :, at.positions] = v[:, :, 0]
-        return torch.cat([F.scaled_dot_product_attention(q[i : i + 1], keys[s : s + 1, :, :end], values[s : s + 1, :, :end])
+        return torch.cat([one_query_attention(q[i : i + 1], keys[s : s + 1, :, :end], values[s : s + 1, :, :end])
                           for i, (s, end) in enumerate(zip(at.slot_list, at.ends))])
     if isinstance(at, torch.Tensor):
         keys.index_copy_(2, at, k)
@@ -149,7 +162,7 @@ def attend(q, k, v, keys=None, values=None, at: int | torch.Tensor | Rows = 0, m
     values[:, :, at:end] = v
     k, v = keys[:, :, :end], values[:, :, :end]
     if T == 1:
-        return F.scaled_dot_product_attention(q, k, v)
+        return one_query_attention(q, k, v)
     if at == 0:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
     # query i sits at absolute position at + i and sees keys 0 .. at + i

@@ -23,7 +23,7 @@ from andrea.decoding.generate import Chat, generate_ids
 from andrea.decoding.generate import load as load_generator
 from andrea.decoding.plan import CPULayouts
 from andrea.errors import AndreaError
-from andrea.model import ANDREA
+from andrea.model import ANDREA, one_query_attention
 from andrea.web.api import decoding_threads
 
 KEY = "sk-test-key"
@@ -42,6 +42,24 @@ def threads():
 
 
 # ---------------------------------------------------------------- the batched decoder, without HTTP
+
+
+def test_one_querys_attention_rounds_alike_on_any_thread_count_and_is_sdpas(threads):
+    """A decoding step's attention on the CPU (andrea.model.one_query_attention): bit for bit the
+    same on 1, 2 and 3 threads at every key length of a cache slot's view, and SDPA's numbers to
+    float32 rounding."""
+    torch.manual_seed(0)
+    keys, values = torch.randn(2, 8, 64, 32), torch.randn(2, 8, 64, 32)
+    for end in range(1, 65):
+        q = torch.randn(1, 8, 1, 32)
+        k, v = keys[1:2, :, :end], values[1:2, :, :end]
+        outs = []
+        for n in (1, 2, 3):
+            threads(n)
+            outs.append(one_query_attention(q, k, v))
+        assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+        torch.testing.assert_close(outs[0], torch.nn.functional.scaled_dot_product_attention(q, k, v),
+                                   rtol=1e-5, atol=1e-6)
 
 
 def test_slots_are_joined_left_and_reused():
