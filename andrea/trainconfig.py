@@ -35,7 +35,7 @@ from andrea.config import PRESETS
 from andrea.curriculum import DEFAULT_C, DEFAULT_REROLL, MODES, REWARDS, Curriculum
 from andrea.errors import AndreaError
 from andrea.files import atomic_write_bytes, parse_json, read_json
-from andrea.validate import MAX_SEED, check_fields, is_int, is_real
+from andrea.validate import MAX_SEED, check_fields, flag_number, is_int, is_real
 
 # The recipes (andrea.optim builds their optimizers) and each one's peak learning rate when a
 # config names none. They live here, with no torch import, so that the command line's parser
@@ -63,7 +63,7 @@ def _int_at_least(low: int, high: int = MAX_INT):
             raise AndreaError(f"{name} must be an integer >= {low}, got {str(value)[:40]}.")
         if value > high:
             raise AndreaError(f"{name} must be at most {high:,}, got {str(value)[:40]}.")
-    check.kind = int
+    check.kind, check.range = int, (low, high)
     return check
 
 
@@ -122,8 +122,10 @@ def one_of(*allowed):
     return check
 
 
-for _check in (positive_number, non_negative_number, fraction, percent):
-    _check.kind = float
+MAX_REAL = 1e12  # the largest a real-valued setting's flag reads; the setting's check may bound it further
+for _check, _range in ((positive_number, (0, MAX_REAL, True)), (non_negative_number, (0, MAX_REAL)), (fraction, (0, 1)),
+                       (percent, (0, 100))):
+    _check.kind, _check.range = float, _range
 text.kind = str
 boolean.kind = bool
 
@@ -134,6 +136,7 @@ def optional(check):
         if value is not None:
             check(value, name)
     wrapped.kind, wrapped.choices = getattr(check, "kind", None), getattr(check, "choices", None)
+    wrapped.range = getattr(check, "range", None)
     return wrapped
 
 
@@ -327,6 +330,9 @@ def _add_flag(parser, flag: str, dest: str, spec: Setting) -> None:
         return
     choices = getattr(spec.check, "choices", None)
     metavar = spec.metavar or (None if choices else {int: "N", float: "X"}.get(kind, "VALUE"))
+    if kind in (int, float):  # read by the one parser of numeric flags, within the setting's range
+        wide = (-MAX_INT, MAX_INT) if kind is int else (-MAX_REAL, MAX_REAL)
+        kind = flag_number(kind, *(getattr(spec.check, "range", None) or wide))
     parser.add_argument(flag, dest=dest, type=kind, nargs=spec.nargs, default=None, choices=choices,
                         metavar=metavar, help=help)
 

@@ -662,7 +662,7 @@ def test_seeds_at_and_past_the_edge(lab_checkpoint, capsys, monkeypatch):
     for args in (["embed", "table", "--preset", "andrea-tiny", "--seed", 2**70],
                  ["lab", "--preset", "andrea-tiny", "--seed", 2**70, "--port", "0"]):
         code, _, err = cli(capsys, *args)
-        assert "seed must be an integer in 0..2^64-1" in one_sentence(code, err)
+        assert "argument --seed: must be an integer from 0 to 18,446,744,073,709,551,615" in one_sentence(code, err)
     from andrea.decoding.generate import load
 
     chat = load(lab_checkpoint).chat(max_new_tokens=6, seed=2**64 - 1)

@@ -120,13 +120,13 @@ def test_a_jobs_optimizer_is_the_one_its_training_makes(rates):
 
 
 @pytest.mark.parametrize("flag, value, why", [
-    ("--segments", "0", "at least 1 and at most 65,279 (token shards hold ids below 65,536)"),
-    ("--segments", "65280", "at least 1 and at most 65,279 (token shards hold ids below 65,536)"),
-    ("--steps", "0", "at least 1")])
+    ("--segments", "0", "an integer from 1 to 65,279"),  # token shards hold ids below 65,536
+    ("--segments", "65280", "an integer from 1 to 65,279"),
+    ("--steps", "0", "an integer from 1 to 1,000,000,000")])
 def test_main_job_refuses_a_budget_or_vocabulary_out_of_range(flag, value, why, tmp_path, capsys):
     assert main(["main", flag, value, "--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
-    assert err == f"andrea: error: {flag} must be {why}, got {value}.\n"
+    assert err == f"andrea: error: argument {flag}: must be {why}, got '{value}' (see andrea main --help).\n"
     assert not (tmp_path / "run").exists()
 
 

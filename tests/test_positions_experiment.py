@@ -120,7 +120,7 @@ def test_the_default_data_is_the_newest_prepared_folder(positions_data, tmp_path
 def test_bad_settings_are_one_sentence(positions_data, tmp_path, capsys):
     code = main(["experiment", "positions", "--data", str(positions_data), "--out", str(tmp_path / "o"), "--steps", "0"])
     err = capsys.readouterr().err
-    assert code == 2 and "steps must be at least 1" in err
+    assert code == 2 and "argument --steps: must be an integer from 1 to" in err
     code = main(["experiment", "positions", "--data", str(tmp_path / "missing"), "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err
     assert code == 2 and "andrea prepare" in err and "Traceback" not in err

@@ -270,7 +270,7 @@ def test_cli_prints_the_table_and_its_numbers_follow_the_facts(tmp_path, capsys)
 def test_bad_settings_are_one_sentence(tmp_path, capsys):
     assert main(["experiment", "sparse-updates", "--out", str(tmp_path / "o"), "--steps", "0"]) == 2
     err = capsys.readouterr().err
-    assert "steps must be at least 1" in err and "Traceback" not in err
+    assert "argument --steps: must be an integer from 1 to" in err and "Traceback" not in err
     assert main(["experiment", "sparse-updates", "--out", str(tmp_path / "o"), "--data", str(tmp_path / "no")]) == 2
     err = capsys.readouterr().err
     assert "andrea prepare" in err and "Traceback" not in err

@@ -474,7 +474,7 @@ def test_cli_train_bad_input(tmp_path, capsys, case):
     assert code == 2
     assert err.startswith("andrea: error: ") and err.count("\n") == 1 and "Traceback" not in err
     expect = {"missing": "neither a file", "empty": "no text", "binary": "not UTF-8", "nul": "binary",
-              "zero": "at least 1", "too many": "requested 50 segments but the corpus supplies only"}[case]
+              "zero": "argument --segments: must be an integer from 1 to", "too many": "requested 50 segments but the corpus supplies only"}[case]
     assert expect in err
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from dataclasses import fields
 
 import pytest
@@ -53,11 +54,7 @@ def test_flags_left_out_keep_the_defaults():
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["--batch-size", "0"], "batch_size must be an integer >= 1"),
-    (["--lr", "nan"], "lr must be a positive number"),
-    (["--audit-threshold", "120"], "audit.threshold must be a number in 0..100"),
     (["--curriculum-reroll", "9", "3"], "curriculum.reroll"),
-    (["--min-lr-ratio", "2"], "min_lr_ratio must be a number in 0..1"),
     (["--sources", "{bad json"], "not a source name or a JSON object"),
 ])
 def test_bad_flags_fail_with_the_json_checks_wording(argv, words):
@@ -65,6 +62,23 @@ def test_bad_flags_fail_with_the_json_checks_wording(argv, words):
     add_arguments(p)
     with pytest.raises(AndreaError, match=words):
         apply_overrides(TrainConfig(), **setting_flags(p.parse_args(argv)))
+
+
+@pytest.mark.parametrize("argv, key, value, flag_words, json_words", [
+    (["--batch-size", "0"], "batch_size", 0, "an integer from 1 to 1,048,576", "batch_size must be an integer >= 1"),
+    (["--lr", "nan"], "lr", float("nan"), "a number in (0, 1e+12]", "lr must be a positive number"),
+    (["--audit-threshold", "120"], "audit", {"threshold": 120}, "a number in [0, 100]", "audit.threshold must be a number in 0..100"),
+    (["--min-lr-ratio", "2"], "min_lr_ratio", 2, "a number in [0, 1]", "min_lr_ratio must be a number in 0..1"),
+])
+def test_a_numeric_settings_flag_reads_the_range_its_json_check_holds(argv, key, value, flag_words, json_words):
+    """The flag is refused by the one parser of numbers within the setting's own range; the same
+    value in a JSON config is refused by the setting's check."""
+    p = argparse.ArgumentParser(exit_on_error=False)
+    add_arguments(p)
+    with pytest.raises(argparse.ArgumentError, match=re.escape(flag_words)):
+        p.parse_args(argv)
+    with pytest.raises(AndreaError, match=json_words):
+        TrainConfig.from_dict({key: value})
 
 
 @pytest.mark.parametrize("data, words", [
@@ -94,9 +108,9 @@ def test_audit_tokens_and_shard_tokens_are_bounded(two_source_data, two_source_m
     """--audit-tokens 10^9 and prepare --shard-tokens 1 would run without end: refused at once."""
     line = one_sentence(*cli(capsys, "train", "--data", two_source_data, "--out", tmp_path / "o", "--model-config", two_source_model_json,
                              "--max-steps", "1", "--audit-tokens", str(10**9))[::2])
-    assert "audit.tokens must be at most 10,000" in line
+    assert "argument --audit-tokens: must be an integer from 1 to 10,000" in line
     src = tmp_path / "a.txt"
     src.write_text("\n\n".join(short_documents(4, 3)))
     line = one_sentence(*cli(capsys, "prepare", src, "--tokenizer", small_tokenizer, "--out", tmp_path / "d",
                              "--shard-tokens", "1", "--no-progress")[::2])
-    assert "shard_tokens must be a whole number of tokens from 1,000" in line
+    assert "argument --shard-tokens: must be an integer from 1,000 to" in line

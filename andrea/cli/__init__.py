@@ -32,8 +32,24 @@ COMMAND_MODULES = [
 ]
 
 
+class UsageError(Exception):
+    """A command line argparse refuses: the flag and why, printed as every other refusal is."""
+
+    def __init__(self, message: str, prog: str):
+        super().__init__(message)
+        self.prog = prog
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser whose usage errors are one sentence, `andrea: error: ...` and exit 2, as
+    every other refusal (a subcommand's parsers are of the same class)."""
+
+    def error(self, message):
+        raise UsageError(message, self.prog)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="andrea",
         description="Grow, run and understand ANDREA small language models on hardware you own.",
     )
@@ -55,7 +71,11 @@ def printable_output() -> None:
 def main(argv=None) -> int:
     printable_output()
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as e:
+        print(f"andrea: error: {e} (see {e.prog} --help).", file=sys.stderr)
+        return 2
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -8,6 +8,7 @@ import sys
 from andrea.errors import AndreaError
 from andrea.files import utf8_text
 
+MAX_SEGMENTS = 65_536 - 257  # andrea.shards.MAX_VOCAB less the 257 specials (not imported: --help stays fast)
 MAX_PROMPT_BYTES = 4 << 20  # a model sees at most its context (some thousand tokens) of a prompt
 MAX_TEXT_BYTES = 64 << 20  # what `andrea tokenizer` reads from standard input; more is `andrea prepare`'s work
 
@@ -40,8 +41,3 @@ def check_source(args) -> None:
         raise AndreaError("give either --checkpoint or --preset, not both.")
     if not args.checkpoint and not args.preset:
         raise AndreaError("give --checkpoint PATH (a trained model) or --preset NAME (a freshly initialised one).")
-
-
-def check_positive(value, flag: str) -> None:
-    if value is not None and value < 1:
-        raise AndreaError(f"{flag} must be at least 1, got {value}.")

@@ -4,6 +4,7 @@ main job gets here (`andrea.processor`, `andrea.mainjob.time_cpu_step`)."""
 from __future__ import annotations
 
 from andrea.cli.common import print_json
+from andrea.validate import flag_number
 
 
 def cmd_doctor(args) -> int:
@@ -12,14 +13,9 @@ def cmd_doctor(args) -> int:
 
     import torch
 
-    from andrea.errors import AndreaError
     from andrea.mainjob import MainJob, time_cpu_step
     from andrea.processor import ENV, SHAPE, bf16_verdict, cache_file, cached_verdict, measure
 
-    if args.steps < 1:
-        raise AndreaError(f"--steps must be at least 1, got {args.steps}.")
-    if not 0 < args.minutes <= 10_000:  # NaN fails both comparisons
-        raise AndreaError(f"--minutes must be above 0 and at most 10,000, got {args.minutes:g}.")
     print(f"measuring this processor's products and timing {args.steps + 1} of the main job's training steps ...",
           file=sys.stderr, flush=True)
     verdict = bf16_verdict(refresh=True)  # measured now (and cached), unless ANDREA_BF16 sets it
@@ -78,7 +74,7 @@ def register(sub) -> None:
                                    "orthogonalization included, in bfloat16 autocast or in float32, and the rate MFU "
                                    "is taken against) and time a few of the main job's training steps to say how "
                                    "many fit in its minutes. ANDREA_BF16=native or emulated sets the verdict instead.")
-    p.add_argument("--steps", type=int, default=3, help="training steps to time, after one warm-up (default 3)")
-    p.add_argument("--minutes", type=float, default=15.0, help="the training time the step count is for (default 15)")
+    p.add_argument("--steps", type=flag_number(int, 1, 1_000), default=3, help="training steps to time, after one warm-up (default 3)")
+    p.add_argument("--minutes", type=flag_number(float, 0, 10_000, lo_open=True), default=15.0, help="the training time the step count is for (default 15)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_doctor)

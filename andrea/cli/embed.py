@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from andrea.cli.common import check_positive, check_source, print_json
+from andrea.cli.common import check_source, print_json
+from andrea.validate import MAX_SEED, flag_number, parse_number
 
 
 def _subject(args, meta: bool = False):
@@ -124,7 +125,6 @@ def cmd_neighbours(args) -> int:
     from andrea.embed import neighbours, show_piece
     from andrea.usage import run_usage
 
-    check_positive(args.k, "-k")
     subject = _subject(args)
     usage, why = run_usage(subject.checkpoint, subject.tokenizer, log=lambda m: print(m, file=sys.stderr))
     r = neighbours(subject.model, subject.tokenizer, args.word, args.k, args.metric, args.table, args.bare,
@@ -191,7 +191,6 @@ def cmd_map(args) -> int:
         raise AndreaError("give either words or --top N, not both.")
     if not args.words and not args.top:
         raise AndreaError("give the words to map, or --top N for the N most used segments.")
-    check_positive(args.top, "--top")
     subject = _subject(args)
     r = map_points(subject.model, subject.tokenizer, args.words, args.top, args.table, args.bare, args.method)
     what = f"{len(r['points'])} chosen tokens" if args.words else f"the {len(r['points'])} most used segments"
@@ -306,7 +305,6 @@ def cmd_attention(args) -> int:
 def cmd_lens(args) -> int:
     from andrea.embed import logit_lens, show_piece
 
-    check_positive(args.k, "-k")
     subject = _subject(args)
     r = logit_lens(subject.model, subject.tokenizer, args.text, args.k, bos=not args.no_bos)
     if args.json:
@@ -351,7 +349,7 @@ def _common() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--checkpoint", help="a checkpoint file or run folder")
     p.add_argument("--preset", help="inspect a freshly initialised model of this preset instead")
-    p.add_argument("--seed", type=int, default=0, help="seed of the fresh model's initialisation (default 0)")
+    p.add_argument("--seed", type=flag_number(int, 0, MAX_SEED), default=0, help="seed of the fresh model's initialisation (default 0)")
     p.add_argument("--tokenizer", help="a tokenizer folder for word lookups (a checkpoint brings its own; without "
                                        "one, text is looked up as bytes and tokens as #ID)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -365,13 +363,12 @@ BARE_HELP = "look words up as the bare piece typed, without the leading space a 
 
 
 def _layers(value: str) -> list[int]:
+    """Layers or heads counted from 1, comma-separated: each read by `andrea.validate.parse_number`."""
     try:
-        out = [int(v) - 1 for v in value.split(",")]
+        return [parse_number(v, int, 1, 100_000) - 1 for v in value.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected numbers from 1 separated by commas, got {value!r}") from None
-    if any(v < 0 for v in out):
-        raise argparse.ArgumentTypeError(f"layers and heads count from 1, got {value!r}")
-    return out
+        shown = value if len(value) <= 40 else value[:40] + "…"
+        raise argparse.ArgumentTypeError(f"expected numbers from 1 to 100,000 separated by commas, got {shown!r}") from None
 
 
 def register(sub) -> None:
@@ -397,7 +394,7 @@ def _register_tables(esub, common) -> None:
 
     s = esub.add_parser("show", parents=[common], help="each token of a text: id, piece, row norm, first values")
     s.add_argument("text")
-    s.add_argument("--values", type=int, default=6, help="how many leading values of each row to print (default 6)")
+    s.add_argument("--values", type=flag_number(int, 0, 4_096), default=6, help="how many leading values of each row to print (default 6)")
     s.set_defaults(func=cmd_show)
 
     c = esub.add_parser("compare", parents=[common], help="‖u‖, ‖v‖, u·v, cos θ and θ of two tokens or words, "
@@ -409,7 +406,7 @@ def _register_tables(esub, common) -> None:
 
     n = esub.add_parser("neighbors", aliases=["neighbours"], parents=[common], help="the tokens nearest to a token or word")
     n.add_argument("word", help=WORD_HELP)
-    n.add_argument("-k", type=int, default=10, help="how many (default 10)")
+    n.add_argument("-k", type=flag_number(int, 1, 100_000), default=10, help="how many (default 10)")
     n.add_argument("--metric", choices=["cos", "dot"], default="cos", help="cos θ (default) or the dot product")
     n.add_argument("--table", choices=["input", "output"], default="input",
                    help="the input table wte (default) or the output head lm_head")
@@ -424,7 +421,7 @@ def _register_tables(esub, common) -> None:
 
     m = esub.add_parser("map", parents=[common], help="a 2-D map (PCA or t-SNE) of chosen tokens or the most used ones, labelled")
     m.add_argument("words", nargs="*", metavar="WORD", help=WORD_HELP)
-    m.add_argument("--top", type=int, help="map the N most used segments instead of chosen words")
+    m.add_argument("--top", type=flag_number(int, 1, 1_000_000), help="map the N most used segments instead of chosen words")
     m.add_argument("--table", choices=["input", "output"], default="input", help="input (default) or output")
     m.add_argument("--method", choices=["pca", "tsne"], default="pca",
                    help="pca (default: a linear projection) or tsne (scikit-learn's t-SNE: keeps near neighbours near)")
@@ -461,6 +458,6 @@ def _register_prompts(esub, common) -> None:
                                      "and after each block, and print the top predictions at each position of a "
                                      "prompt. After the last block this is the model's own prediction.")
     ln.add_argument("text", help="the prompt")
-    ln.add_argument("-k", type=int, default=3, help="predictions per stage and position (default 3)")
+    ln.add_argument("-k", type=flag_number(int, 1, 100_000), default=3, help="predictions per stage and position (default 3)")
     ln.add_argument("--no-bos", action="store_true", help="leave out the BOS token every document starts with")
     ln.set_defaults(func=cmd_lens)

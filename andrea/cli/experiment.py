@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from andrea.cli.common import print_json
+from andrea.validate import MAX_SEED, flag_number
 
 
 def cmd_experiment_positions(args) -> int:
@@ -14,10 +15,6 @@ def cmd_experiment_positions(args) -> int:
     from andrea.experiments.positions import PositionsExperiment, default_data_dir, run_positions_experiment
 
     if args.threads is not None:
-        if args.threads < 1:
-            from andrea.errors import AndreaError
-
-            raise AndreaError(f"--threads must be at least 1, got {args.threads}.")
         import torch
 
         torch.set_num_threads(args.threads)
@@ -63,13 +60,13 @@ def register(sub) -> None:
     xp.add_argument("--data", help="a folder made by `andrea prepare` (default: the main job's cached data)")
     xp.add_argument("--out", default="runs/positions", help="where to write runs and results (default runs/positions)")
     xp.add_argument("--preset", default="andrea-tiny", help="model shape (default andrea-tiny); V comes from the data")
-    xp.add_argument("--steps", type=int, default=200, help="training steps per model (default 200; scale up for "
+    xp.add_argument("--steps", type=flag_number(int, 1, 10_000_000), default=200, help="training steps per model (default 200; scale up for "
                                                            "clearer differences)")
-    xp.add_argument("--seq-len", type=int, default=64, help="training length S; models get a context of 2S (default 64)")
-    xp.add_argument("--batch-size", type=int, default=16, help="sequences per step (default 16)")
-    xp.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default 2e-3)")
-    xp.add_argument("--seed", type=int, default=1337, help="one seed for all four runs (default 1337)")
-    xp.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's choice; on a machine "
+    xp.add_argument("--seq-len", type=flag_number(int, 1, 65_536), default=64, help="training length S; models get a context of 2S (default 64)")
+    xp.add_argument("--batch-size", type=flag_number(int, 1, 65_536), default=16, help="sequences per step (default 16)")
+    xp.add_argument("--lr", type=flag_number(float, 0, 10, lo_open=True), default=2e-3, help="peak learning rate (default 2e-3)")
+    xp.add_argument("--seed", type=flag_number(int, 0, MAX_SEED), default=1337, help="one seed for all four runs (default 1337)")
+    xp.add_argument("--threads", type=flag_number(int, 1, 4_096), help="CPU threads for torch (default: torch's choice; on a machine "
                                                 "shared with other jobs, 1 can be several times faster)")
     xp.add_argument("--no-progress", action="store_true", help="no progress bars")
     xp.add_argument("--json", action="store_true", help="machine-readable output")
@@ -85,8 +82,8 @@ def register(sub) -> None:
                                    "docstrings, made on the spot)")
     xs.add_argument("--out", default="runs/sparse-updates", help="where to write the results "
                                                                   "(default runs/sparse-updates)")
-    xs.add_argument("--steps", type=int, default=50, help="training steps per optimizer (default 50)")
-    xs.add_argument("--seed", type=int, default=1337, help="one seed for the batches and the initial weights "
+    xs.add_argument("--steps", type=flag_number(int, 1, 10_000_000), default=50, help="training steps per optimizer (default 50)")
+    xs.add_argument("--seed", type=flag_number(int, 0, MAX_SEED), default=1337, help="one seed for the batches and the initial weights "
                                                            "(default 1337)")
     xs.add_argument("--json", action="store_true", help="machine-readable output (every step's measurements)")
     xs.set_defaults(func=cmd_experiment_sparse_updates)

@@ -6,6 +6,7 @@ import sys
 
 from andrea.cli.common import MAX_PROMPT_BYTES, read_stdin
 from andrea.errors import AndreaError
+from andrea.validate import MAX_SEED, flag_number
 
 PROMPT_ADVICE = "give a shorter prompt (a model sees only the last part of it that fits its context)"
 
@@ -84,11 +85,11 @@ def cmd_chat(args) -> int:
 
 def _add_sampling_args(p) -> None:
     p.add_argument("--checkpoint", required=True, help="a checkpoint file or a run folder (best, else latest)")
-    p.add_argument("--max-new-tokens", type=int, default=256, help="most tokens to generate (default 256)")
-    p.add_argument("--temperature", type=float, default=1.0, help="divide the logits by T before sampling; 0 is greedy (default 1.0)")
-    p.add_argument("--top-k", type=int, default=None, help="sample only among the K most likely tokens")
-    p.add_argument("--top-p", type=float, default=None, help="sample only among the most likely tokens holding probability P (0 < P <= 1)")
-    p.add_argument("--seed", type=int, default=None, help="seed of the sampler: the same seed gives the same text")
+    p.add_argument("--max-new-tokens", type=flag_number(int, 1, 1_000_000), default=256, help="most tokens to generate (default 256)")
+    p.add_argument("--temperature", type=flag_number(float, 0, 1_000), default=1.0, help="divide the logits by T before sampling; 0 is greedy (default 1.0)")
+    p.add_argument("--top-k", type=flag_number(int, 1, 10_000_000), default=None, help="sample only among the K most likely tokens")
+    p.add_argument("--top-p", type=flag_number(float, 0, 1, lo_open=True), default=None, help="sample only among the most likely tokens holding probability P (0 < P <= 1)")
+    p.add_argument("--seed", type=flag_number(int, 0, MAX_SEED), default=None, help="seed of the sampler: the same seed gives the same text")
     p.add_argument("--greedy", action="store_true", help="always take the most likely token")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                    help="where the model runs (default auto: a CUDA GPU if torch sees one, else the CPU)")

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 from andrea.cli.common import check_source
+from andrea.validate import MAX_SEED, flag_number
 
 
 def cmd_lab(args) -> int:
     from andrea.embed import load_subject
-    from andrea.errors import AndreaError
     from andrea.web.lab import LabServer
 
     check_source(args)
-    if not 0 <= args.port <= 65535:
-        raise AndreaError(f"--port must be from 0 to 65535, got {args.port}.")
     subject = load_subject(args.checkpoint, args.preset, args.seed, args.tokenizer)
     server = LabServer(subject, args.host, args.port)
     print(f"andrea lab: {subject.name}")
@@ -42,9 +40,9 @@ def register(sub) -> None:
                                    "loads comes from this server; no internet access is needed.")
     p.add_argument("--checkpoint", help="a checkpoint file or run folder (a run folder's snapshots feed the Growth view)")
     p.add_argument("--preset", help="show a freshly initialised model of this preset instead")
-    p.add_argument("--seed", type=int, default=0, help="seed of the fresh model's initialisation (default 0)")
+    p.add_argument("--seed", type=flag_number(int, 0, MAX_SEED), default=0, help="seed of the fresh model's initialisation (default 0)")
     p.add_argument("--tokenizer", help="a tokenizer folder (a checkpoint brings its own)")
     p.add_argument("--host", default="127.0.0.1",
                    help="the address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 opens it to the network)")
-    p.add_argument("--port", type=int, default=8000, help="the port (default 8000; 0 picks a free one)")
+    p.add_argument("--port", type=flag_number(int, 0, 65_535), default=8000, help="the port (default 8000; 0 picks a free one)")
     p.set_defaults(func=cmd_lab)

@@ -6,18 +6,20 @@ import sys
 
 from andrea.cli.common import print_json
 
-WALKS = ("embedding", "attention")
+WALKS = ("embedding", "attention", "block")
 
 
 def cmd_lesson(args) -> int:
     # torch and numpy: loaded for this command only
     if args.walk == "attention":
         from andrea.lessons import attention as walk
+    elif args.walk == "block":
+        from andrea.lessons import block as walk
     else:
         from andrea.lessons import embedding as walk
 
     log = None if args.json else (lambda m: print(m, file=sys.stderr))
-    if args.walk == "attention":
+    if args.walk in ("attention", "block"):
         inp = walk.load_inputs(args.checkpoint, log=log)
         steps = walk.lesson(inp, log=log)
     else:
@@ -32,7 +34,7 @@ def cmd_lesson(args) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser(
-        "lesson", help="a lesson (the embedding tables, or attention), claim by claim, checked on your model",
+        "lesson", help="a lesson (the embedding tables, attention, or the block), claim by claim, checked on your model",
         description="Walk a lesson's claims in order on a trained model; each step prints how it was checked, the "
                     "numbers and a verdict. embedding (the default): a row is picked by its id; the two tables and "
                     "their sizes; the rows start as N(0, 1/√d); a row moves only when its token is in the batch; "
@@ -41,7 +43,11 @@ def register(sub) -> None:
                     "the untied head. attention: block 1's q·k scores on a prompt; why they are divided by √d_head; "
                     "the causal mask; the attention output rebuilt from softmax(q·k/√d)·v; what each head attends "
                     "to (previous token, first token, same token, induction); what removing each head costs on "
-                    "held-out text; later tokens predicted better. A run folder gives every step (its snapshots, its "
+                    "held-out text; later tokens predicted better. block: a block rebuilt from its weights; layer norm's "
+                    "rows of mean 0 and spread 1; the MLP, one position at a time, and how many of its units fire; "
+                    "the residual stream each block adds to; the loss read after every block (the logit lens); what "
+                    "removing each block's attention or MLP costs; the head as a table of its own, and what tying it "
+                    "to the input table costs; the blocks' share of the parameters. A run folder gives every step (its snapshots, its "
                     "training data, the word sets when fetched); a bare model file gets the steps it can, and the "
                     "others say what they lack.")
     p.add_argument("walk", nargs="?", choices=WALKS, default="embedding", help="which lesson (default: embedding)")

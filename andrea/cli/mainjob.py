@@ -3,18 +3,13 @@ module is not named `main` so that it never shadows `andrea.cli.main`, the entry
 
 from __future__ import annotations
 
+from andrea.cli.common import MAX_SEGMENTS
+from andrea.validate import MAX_SEED, flag_number
+
 
 def cmd_main(args) -> int:
-    from andrea.config import N_SPECIAL
-    from andrea.errors import AndreaError
     from andrea.mainjob import MainJob, run_main_job
-    from andrea.shards import MAX_VOCAB
 
-    if args.steps is not None and args.steps < 1:
-        raise AndreaError(f"--steps must be at least 1, got {args.steps}.")
-    if args.segments is not None and not 1 <= args.segments <= MAX_VOCAB - N_SPECIAL:
-        raise AndreaError(f"--segments must be at least 1 and at most {MAX_VOCAB - N_SPECIAL:,} (token shards hold ids "
-                          f"below {MAX_VOCAB:,}), got {args.segments}.")
     job = MainJob(preset=args.preset, minutes=args.minutes, steps=args.steps, out=args.out, sampling=args.sampling, seed=args.seed,
                   recipe=args.recipe, segments=args.segments, compile=args.compile)
     summary = run_main_job(job)
@@ -56,15 +51,15 @@ def register(sub) -> None:
     p.add_argument("--preset", help="model preset, with its own vocabulary (default: andrea-cpu at 16 x 256 on a CPU; "
                    f"on a CUDA GPU andrea-12m's body with the main job's {MAIN_SEGMENTS:,} segments, V {MAIN_SEGMENTS + 257:,}, at 32 x 1024, "
                    "stopped when validation stops improving)")
-    p.add_argument("--minutes", type=float, default=15.0, help="minutes of training (default 15)")
-    p.add_argument("--steps", type=int, help="train for this many steps instead of --minutes (a model that does not "
+    p.add_argument("--minutes", type=flag_number(float, 0, 10_000, lo_open=True), default=15.0, help="minutes of training (default 15)")
+    p.add_argument("--steps", type=flag_number(int, 1, 1_000_000_000), help="train for this many steps instead of --minutes (a model that does not "
                    "depend on the machine's speed or load; the v3 schedule then decays over steps)")
-    p.add_argument("--segments", type=int, metavar="N", help="the tokenizer's segments, and so the model's vocabulary "
+    p.add_argument("--segments", type=flag_number(int, 1, MAX_SEGMENTS), metavar="N", help="the tokenizer's segments, and so the model's vocabulary "
                    f"(V = N + 257; default: the preset's, and {MAIN_SEGMENTS:,} on a CUDA GPU without --preset)")
     p.add_argument("--out", help="the run folder (default runs/main-<date>-<time>)")
     p.add_argument("--sampling", default="ucb", choices=SAMPLING,
                    help="how each step's source is chosen (default: the UCB1 curriculum)")
-    p.add_argument("--seed", type=int, default=1337, help="seed of everything random (default 1337)")
+    p.add_argument("--seed", type=flag_number(int, 0, MAX_SEED), default=1337, help="seed of everything random (default 1337)")
     p.add_argument("--recipe", default=MAIN_RECIPE, choices=list(RECIPE_SETTINGS),
                    help=f"the training recipe, with the settings measured for it (default {MAIN_RECIPE})")
     p.add_argument("--compile", action="store_true", help="torch.compile the model; compiling counts against "

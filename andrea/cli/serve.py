@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import signal
 
+from andrea.validate import flag_number
+
 MAX_BATCH = 256
 MAX_QUEUE = 4_096
 
@@ -12,16 +14,7 @@ MAX_QUEUE = 4_096
 def _check(args, cfg) -> None:
     from andrea.errors import AndreaError
 
-    if not 0 <= args.port <= 65535:
-        raise AndreaError(f"--port must be from 0 to 65535, got {args.port}.")
-    if not 1 <= args.max_batch <= MAX_BATCH:
-        raise AndreaError(f"--max-batch must be from 1 to {MAX_BATCH}, got {args.max_batch}.")
-    if not 0 <= args.max_queue <= MAX_QUEUE:
-        raise AndreaError(f"--max-queue must be from 0 to {MAX_QUEUE:,}, got {args.max_queue}.")
-    if args.threads is not None and not 1 <= args.threads <= 256:
-        raise AndreaError(f"--threads must be from 1 to 256, got {args.threads}.")
-    if not 0 <= args.drain_seconds <= 3600:
-        raise AndreaError(f"--drain-seconds must be from 0 to 3600, got {args.drain_seconds:g}.")
+    # the numbers' ranges are their flags' (andrea.validate.flag_number)
     if args.api_key is not None and (not args.api_key.strip() or not args.api_key.isprintable()):
         raise AndreaError("--api-key must be printable text, not empty.")
     if cfg is None:
@@ -104,19 +97,19 @@ def register(sub) -> None:
     p.add_argument("--checkpoint", required=True, help="a checkpoint file or a run folder (best, else latest)")
     p.add_argument("--host", default="127.0.0.1",
                    help="the address to listen on (default 127.0.0.1: this machine only; any other address needs --api-key)")
-    p.add_argument("--port", type=int, default=8000, help="the port (default 8000; 0 picks a free one)")
+    p.add_argument("--port", type=flag_number(int, 0, 65_535), default=8000, help="the port (default 8000; 0 picks a free one)")
     p.add_argument("--api-key", default=None, metavar="KEY",
                    help="answer only requests that send `Authorization: Bearer KEY` (default: $ANDREA_API_KEY, else "
                         "no key on loopback)")
-    p.add_argument("--max-batch", type=int, default=16, metavar="N",
+    p.add_argument("--max-batch", type=flag_number(int, 1, MAX_BATCH), default=16, metavar="N",
                    help="most replies decoded together, each in its own KV-cache slot (default 16)")
-    p.add_argument("--max-queue", type=int, default=64, metavar="N",
+    p.add_argument("--max-queue", type=flag_number(int, 0, MAX_QUEUE), default=64, metavar="N",
                    help="most requests waiting for a slot; more are answered 429 (default 64)")
-    p.add_argument("--threads", type=int, default=None, metavar="N",
+    p.add_argument("--threads", type=flag_number(int, 1, 256), default=None, metavar="N",
                    help="torch threads for decoding, and the weights laid out for as many (default: torch's choice "
                         "of one per core, except that on two cores it decodes on one, so HTTP keeps a core, with the "
                         "weights laid out for two as `andrea generate` lays them out); greedy replies equal `andrea "
                         "generate --greedy`'s at the default, and with N, those of it run with OMP_NUM_THREADS=N")
-    p.add_argument("--drain-seconds", type=float, default=30.0, metavar="S",
+    p.add_argument("--drain-seconds", type=flag_number(float, 0, 3_600), default=30.0, metavar="S",
                    help="on SIGTERM or Ctrl-C, how long replies in flight may take to finish (default 30)")
     p.set_defaults(func=cmd_serve)

@@ -8,6 +8,7 @@ import math
 import sys
 
 from andrea.cli.common import check_source, print_json
+from andrea.validate import flag_number, parse_number
 
 TABLE_NAMES = {"input": "input table (wte)", "output": "output head (lm_head)", "ppmi": "PPMI + SVD reference"}
 
@@ -79,15 +80,18 @@ def _layers(args, model, tok, sets) -> int:
     context = min(CONTEXT if args.context is None else args.context, model.config.block_size)
     if uses < 1 or context < 2:
         raise AndreaError(f"--uses must be at least 1 and --context at least 2; got {uses} and {context}.")
-    if args.layer != "all" and not (args.layer.isdigit() and 1 <= int(args.layer) <= L):
-        raise AndreaError(f"--layer takes a block from 1 to {L}, or all; got {args.layer!r}.")
+    if args.layer != "all":
+        try:
+            parse_number(args.layer, int, 1, L)
+        except ValueError:
+            raise AndreaError(f"--layer takes a block from 1 to {L}, or all; got {args.layer[:40]!r}.") from None
     if not args.checkpoint and not args.data:
         raise AndreaError("--layer averages a word's hidden states over its uses in training text: give a run's "
                           "--checkpoint, or --data DIR.")
     log = None if args.json else (lambda m: print(m, file=sys.stderr))
     r = score_layers(model, tok, _run_data(args, "to average the words' uses from"), sets, uses, context, args.ppmi, log=log)
     if args.layer != "all":
-        keep = f"block {args.layer}"
+        keep = f"block {int(args.layer)}"
         for part in r["sets"].values():
             part["scores"] = {k: v for k, v in part["scores"].items() if k == keep or not k.startswith("block")}
     if args.json:
@@ -226,9 +230,9 @@ def register_embed(esub, common) -> None:
     s.add_argument("--layer", metavar="N|all", help="score word vectors from block N (or every block) instead: a "
                    "word's hidden state at its last token, averaged over its uses in the run's training text, beside "
                    "the input table, the head (and PPMI with --ppmi) on the same pairs; words of several tokens included")
-    s.add_argument("--uses", type=int, metavar="N", help="--layer: uses averaged per word (default: "
+    s.add_argument("--uses", type=flag_number(int, 1, 1_000_000), metavar="N", help="--layer: uses averaged per word (default: "
                    "andrea.context_vectors.USES)")
-    s.add_argument("--context", type=int, metavar="T", help="--layer: tokens in each use's window, ending at the word "
+    s.add_argument("--context", type=flag_number(int, 1, 65_536), metavar="T", help="--layer: tokens in each use's window, ending at the word "
                    "(default: andrea.context_vectors.CONTEXT)")
     s.set_defaults(func=cmd_similarity)
     p = esub.add_parser("split", parents=[common], help="one token's uses grouped by the word each began (cat, cats, "
@@ -244,10 +248,10 @@ def register_embed(esub, common) -> None:
     p.add_argument("token", help="the token, in its word-initial form (with the space before it) unless --bare")
     p.add_argument("--bare", action="store_true", help="look the token up as typed, without the leading space")
     p.add_argument("--data", metavar="DIR", help="the data folder to read uses from (default: the one the run trained on)")
-    p.add_argument("--uses", type=int, metavar="N", help="uses drawn per word (default: andrea.context_vectors.SPLIT_USES)")
-    p.add_argument("--words", type=int, metavar="K", help="the commonest words kept (default: "
+    p.add_argument("--uses", type=flag_number(int, 1, 1_000_000), metavar="N", help="uses drawn per word (default: andrea.context_vectors.SPLIT_USES)")
+    p.add_argument("--words", type=flag_number(int, 1, 1_000_000), metavar="K", help="the commonest words kept (default: "
                    "andrea.context_vectors.SPLIT_WORDS)")
-    p.add_argument("--context", type=int, metavar="T", help="tokens in each window, ending at the token (default: "
+    p.add_argument("--context", type=flag_number(int, 1, 65_536), metavar="T", help="tokens in each window, ending at the token (default: "
                    "andrea.context_vectors.CONTEXT, at most the model's context)")
     p.set_defaults(func=cmd_split)
     run = argparse.ArgumentParser(add_help=False)  # a timeline is read from a run: no preset, seed or tokenizer

@@ -6,21 +6,28 @@ import re
 import sys
 import time
 
-from andrea.cli.common import MAX_TEXT_BYTES, read_stdin
+from andrea.cli.common import MAX_SEGMENTS, MAX_TEXT_BYTES, read_stdin
+from andrea.validate import flag_number
 from andrea.errors import AndreaError
 
 PROGRESS_BYTES = 1_000_000  # show progress bars from this much training text on
 DEFAULT_SAMPLE_BYTES = 200_000_000  # andrea.tokenizer.sample.DEFAULT_SAMPLE_BYTES
 
 
+MAX_SAMPLE_BYTES = 10**15  # a petabyte: more than any corpus a machine of ours holds
+
+
 def _byte_count(text: str) -> int:
-    """A number of bytes: 5000, 200M, 1.5G (K, M, G are powers of 1,000)."""
+    """A number of bytes: 5000, 200M, 1.5G (K, M, G, T are powers of 1,000), from 1 to a petabyte;
+    ASCII digits only, and a number of at most 20 characters (as `andrea.validate.parse_number`)."""
     import argparse
 
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)[bB]?\s*", text)
-    if not m:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of bytes (like 5000, 200M or 2G)")
-    return int(float(m.group(1)) * 1000 ** " KMGT".index(m.group(2).upper() or " "))
+    m = re.fullmatch(r"\s*([0-9]{1,20}(?:\.[0-9]{1,20})?)\s*([kKmMgGtT]?)[bB]?\s*", text)
+    n = int(float(m.group(1)) * 1000 ** " KMGT".index(m.group(2).upper() or " ")) if m else 0
+    if not 1 <= n <= MAX_SAMPLE_BYTES:
+        shown = text if len(text) <= 40 else text[:40] + "…"
+        raise argparse.ArgumentTypeError(f"{shown!r} is not a number of bytes from 1 to 1,000T (like 5000, 200M or 2G)")
+    return n
 
 
 def cmd_tokenizer_train(args) -> int:
@@ -33,8 +40,6 @@ def cmd_tokenizer_train(args) -> int:
         files, shares = _curriculum_shares(args.config, files)
     if not files:
         raise AndreaError("give the text to train on: FILE... or --config with sources.")
-    if args.sample_bytes is not None and args.sample_bytes < 1:
-        raise AndreaError(f"--sample-bytes must be a positive number of bytes, not {args.sample_bytes}.")
     print(f"sampling at most {args.sample_bytes:,} bytes of training text, an equal part per source:")
     texts, weights = load_training_texts(files, shares, sample_bytes=args.sample_bytes, text_field=args.text_field,
                                          log=lambda line: print("  " + line))
@@ -203,10 +208,10 @@ def register(sub) -> None:
                         "evenly and deterministically across each source's files (default 200M; K, M, G suffixes)")
     t.add_argument("--text-field", default="text", metavar="NAME",
                    help="the JSONL field or parquet column that holds the text (default text)")
-    t.add_argument("--segments", type=int, default=MAIN_SEGMENTS, metavar="N",
+    t.add_argument("--segments", type=flag_number(int, 1, MAX_SEGMENTS), default=MAIN_SEGMENTS, metavar="N",
                    help=f"how many segments (default {MAIN_SEGMENTS:,}, V = {MAIN_SEGMENTS + 257:,}, as the main job; "
                         "andrea-12m uses 2,048)")
-    t.add_argument("--trainer-version", type=int, choices=TRAINER_VERSIONS, default=TRAINER_VERSION, metavar="V",
+    t.add_argument("--trainer-version", type=flag_number(int, min(TRAINER_VERSIONS), max(TRAINER_VERSIONS)), choices=TRAINER_VERSIONS, default=TRAINER_VERSION, metavar="V",
                    help="how segments are selected: 5 (default) marks word ends, so that a whole word's token (' cat</w>') "
                         "is that word alone and the plain ' cat' only begins longer words; 4 scores a segment by what "
                         "its absence really costs, a one-character segment of several bytes ('—', '’') at its bytes; "

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
+from andrea.validate import flag_number
+
 SHARD_TOKENS = 100_000_000  # andrea.prepare.SHARD_TOKENS (not imported here: --help stays fast)
-MIN_SHARD_TOKENS = 1_000  # andrea.prepare.MIN_SHARD_TOKENS
+MIN_SHARD_TOKENS, MAX_SHARD_TOKENS = 1_000, 2**40  # andrea.prepare's
 
 
 def cmd_prepare(args) -> int:
-    from andrea.errors import AndreaError
     from andrea.prepare import prepare
     from andrea.tokenizer.harris import HarrisTokenizer
 
     tokenizer = HarrisTokenizer.load(args.tokenizer)
-    if args.workers is not None and args.workers < 1:
-        raise AndreaError(f"--workers must be at least 1, not {args.workers}.")
     manifest = prepare(tokenizer, args.sources, args.out, text_field=args.text_field, val_share=args.val_share,
                        shard_tokens=args.shard_tokens, workers=args.workers, progress=not args.no_progress)
     total = sum(e["train"]["tokens"] + e["val"]["tokens"] for e in manifest["sources"].values())
@@ -86,12 +85,12 @@ def register(sub) -> None:
                         "sorted order); NAME=PATH names the source (default: the file or folder name)")
     p.add_argument("--text-field", default="text", metavar="NAME",
                    help="the JSONL field or parquet column that holds the text (default text)")
-    p.add_argument("--val-share", type=float, default=None, metavar="P",
+    p.add_argument("--val-share", type=flag_number(float, 0, 1), default=None, metavar="P",
                    help="the share of documents held out for validation (default 0.05; a fetched source keeps "
                         "its own split)")
-    p.add_argument("--shard-tokens", type=int, default=SHARD_TOKENS, metavar="N",
+    p.add_argument("--shard-tokens", type=flag_number(int, MIN_SHARD_TOKENS, MAX_SHARD_TOKENS), default=SHARD_TOKENS, metavar="N",
                    help=f"training tokens per shard, {MIN_SHARD_TOKENS:,} to 2^40 (default {SHARD_TOKENS:,}, files of 200 MB)")
-    p.add_argument("--workers", type=int, default=None, metavar="K", help="encoding processes (default: every core)")
+    p.add_argument("--workers", type=flag_number(int, 1, 1_024), default=None, metavar="K", help="encoding processes (default: every core)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_prepare)
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import json
-import math
 import socket
 import sys
 import threading
@@ -39,7 +38,7 @@ import time
 
 from andrea.errors import AndreaError
 from andrea.files import parse_json
-from andrea.validate import is_int, is_real
+from andrea.validate import number_in, span
 
 BODY_SECONDS = 30.0  # a request body must arrive within this
 HEAD_SECONDS = 10.0  # a request's line and headers must arrive within this
@@ -127,8 +126,8 @@ class Fields:
         v = self.get(name, default)
         if v is None:
             return None
-        if not is_int(v) or not lo <= v <= hi:
-            raise RequestError(f"{name} must be an integer from {lo:,} to {hi:,}, got {_shown(v)}.", param=name)
+        if not number_in(v, int, lo, hi):
+            raise RequestError(f"{name} must be {span(int, lo, hi)}, got {_shown(v)}.", param=name)
         return v
 
     def number(self, name: str, default, lo: float, hi: float, lo_open: bool = False) -> float | None:
@@ -136,10 +135,8 @@ class Fields:
         if v is None:
             return None
         # bounds first, on the value as sent: an int of 401 digits compares exactly, but has no float
-        ok = is_real(v) and (isinstance(v, int) or math.isfinite(v)) and v <= hi and (v > lo if lo_open else v >= lo)
-        if not ok:
-            span = f"({lo:g}, {hi:g}]" if lo_open else f"[{lo:g}, {hi:g}]"
-            raise RequestError(f"{name} must be a number in {span}, got {_shown(v)}.", param=name)
+        if not number_in(v, float, lo, hi, lo_open):
+            raise RequestError(f"{name} must be {span(float, lo, hi, lo_open)}, got {_shown(v)}.", param=name)
         return float(v)
 
     def choice(self, name: str, default, choices) -> str:
