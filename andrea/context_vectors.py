@@ -44,7 +44,8 @@ import torch
 
 from andrea.errors import AndreaError
 from andrea.usage import starts_word
-from andrea.wordsim import PAIR_SETS, centred, spearman
+from andrea.vectors import cosine
+from andrea.wordsim import PAIR_SETS, centred, rho_with_null
 
 USES = 16  # uses of a word averaged (the held-out text is too small: cat occurs 15 times there)
 CONTEXT = 32  # tokens in each window, ending at the word's last token
@@ -105,12 +106,8 @@ def find_uses(shards: list[np.ndarray], words: dict[str, list[int]], ends: np.nd
 def last_states(model, windows: torch.Tensor, inputs: bool = False) -> torch.Tensor:
     """(L, n, d): the residual stream after each block at each window's last position; with
     inputs, (L + 1, n, d), what enters block 1 first."""
-    x = model.embed(windows.to(model.wte.weight.device))
-    out = [x[:, -1].double().cpu()] if inputs else []
-    for block in model.h:
-        x = block(x, model.rope)
-        out.append(x[:, -1].double().cpu())
-    return torch.stack(out)
+    trace = model.trace(windows.to(model.wte.weight.device), at=-1)
+    return torch.stack([s.double().cpu() for s in (trace.stream() if inputs else trace["output"])])
 
 
 def block_vectors(model, tokenizer, data, words, uses: int = USES, context: int = CONTEXT, seed: int = 0,
@@ -256,14 +253,7 @@ def _rows_mean(table: np.ndarray, ids: list[int]) -> np.ndarray:
 
 
 def _rho(vectors: dict[str, np.ndarray], pairs) -> dict:
-    cos, ratings = [], []
-    for a, b, r in pairs:
-        u, v = vectors[a], vectors[b]
-        nu, nv = np.linalg.norm(u), np.linalg.norm(v)
-        cos.append(float(u @ v / (nu * nv)) if nu and nv else float("nan"))
-        ratings.append(r)
-    n = len(cos)
-    return {"rho": spearman(cos, ratings), "n": n, "null": 1 / math.sqrt(n - 1) if n > 1 else float("nan")}
+    return rho_with_null([cosine(vectors[a], vectors[b]) for a, b, _ in pairs], [r for _, _, r in pairs])
 
 
 def layer_scores(bv: BlockVectors, tokenizer, sets, tables: dict[str, np.ndarray], min_uses: int = MIN_USES) -> dict:

@@ -28,7 +28,6 @@ Whole words. A neighbour list can be limited to whole-word tokens (andrea.vector
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -452,19 +451,6 @@ def encode_prompt(model, tokenizer, text: str, bos: bool = True) -> list[int]:
     return ids
 
 
-def attention_pattern(attn, h: torch.Tensor, rope=None) -> torch.Tensor:
-    """The (B, heads, T, T) attention weights of one attention layer on its input h (after ln_1):
-    softmax over keys j <= i of q_i·k_j / sqrt(d_head), 0 above the diagonal (the causal mask)."""
-    B, T, _ = h.shape
-    qkv = torch.nn.functional.linear(h, attn.qkv_weight())
-    q, k, _ = qkv.view(B, T, 3, attn.n_head, attn.head_dim).permute(2, 0, 3, 1, 4)
-    if rope is not None:
-        q, k = rope(q, 0), rope(k, 0)
-    scores_ = (q @ k.transpose(-1, -2)) / math.sqrt(attn.head_dim)
-    causal = torch.ones(T, T, dtype=torch.bool, device=h.device).tril()
-    return torch.softmax(scores_.masked_fill(~causal, float("-inf")), dim=-1)
-
-
 def _ids_tensor(model, ids: list[int]) -> torch.Tensor:
     t = torch.tensor([ids], dtype=torch.long, device=model.wte.weight.device)
     model.check_ids(t)
@@ -476,11 +462,7 @@ def attention(model, tokenizer, text: str, bos: bool = True) -> dict:
     """Every layer's and head's attention pattern on a prompt: patterns[l, h, i, j] is how much
     position i attends to position j (each row sums to 1 over j <= i)."""
     ids = encode_prompt(model, tokenizer, text, bos)
-    x = model.embed(_ids_tensor(model, ids))
-    patterns = []
-    for block in model.h:
-        patterns.append(attention_pattern(block.attn, block.ln_1(x), model.rope)[0])
-        x = block(x, model.rope)
+    patterns = [w[0] for w in model.trace(_ids_tensor(model, ids), keep=("weights",))["weights"]]
     cfg = model.config
     return {"ids": ids, "pieces": [tokenizer.id_to_piece(i) for i in ids], "layers": cfg.n_layer, "heads": cfg.n_head,
             "patterns": torch.stack(patterns).double().cpu().numpy()}
@@ -489,12 +471,7 @@ def attention(model, tokenizer, text: str, bos: bool = True) -> dict:
 @torch.no_grad()
 def residual_stream(model, ids: list[int]) -> list[torch.Tensor]:
     """The (1, T, d) residual stream after the embedding and after each block (L + 1 states)."""
-    x = model.embed(_ids_tensor(model, ids))
-    states = [x]
-    for block in model.h:
-        x = block(x, model.rope)
-        states.append(x)
-    return states
+    return model.trace(_ids_tensor(model, ids)).stream()
 
 
 @torch.no_grad()

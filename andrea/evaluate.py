@@ -15,6 +15,7 @@ each source weighs alike, however much held-out text it has (`combine`).
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 
 import torch
 
@@ -28,23 +29,32 @@ def bits_per_byte(nats: float, nbytes: float) -> float:
     return float(nats) / (LOG2 * max(float(nbytes), 1.0))
 
 
-
 def token_byte_lengths(tokenizer, vocab_size: int) -> torch.Tensor:
     """(V,) float64: how many bytes each token stands for."""
     return torch.tensor([len(tokenizer.token_bytes(i)) for i in range(vocab_size)], dtype=torch.float64)
 
 
 @torch.no_grad()
-def window_nats(model, x: torch.Tensor, y: torch.Tensor, micro_batch: int, device, autocast) -> torch.Tensor:
-    """(windows,) float64: the summed loss in nats of each window's predictions."""
+def position_nats(model, x: torch.Tensor, y: torch.Tensor, micro_batch: int, device=None, autocast=None,
+                  dtype=torch.float32) -> torch.Tensor:
+    """(windows, T) float64, on the CPU: the loss in nats of every prediction of every window,
+    `micro_batch` windows' logits at a time, the cross-entropy computed in `dtype` (float32 for
+    training's evaluations; the lessons ask float64)."""
     out = []
     for i in range(0, len(x), micro_batch):
-        xb, yb = x[i : i + micro_batch].to(device), y[i : i + micro_batch].to(device)
-        with autocast:
+        xb, yb = x[i : i + micro_batch], y[i : i + micro_batch]
+        if device is not None:
+            xb, yb = xb.to(device), yb.to(device)
+        with autocast or nullcontext():
             logits, _ = model(xb)
-        nats = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), yb.flatten(), reduction="none")
-        out.append(nats.view(len(xb), -1).sum(1, dtype=torch.float64))
-    return torch.cat(out).cpu()  # read once per source
+        nats = torch.nn.functional.cross_entropy(logits.to(dtype).flatten(0, 1), yb.flatten(), reduction="none")
+        out.append(nats.view(len(xb), -1).double())
+    return torch.cat(out).cpu()  # read once per call
+
+
+def window_nats(model, x: torch.Tensor, y: torch.Tensor, micro_batch: int, device, autocast) -> torch.Tensor:
+    """(windows,) float64: the summed loss in nats of each window's predictions."""
+    return position_nats(model, x, y, micro_batch, device, autocast).sum(1)
 
 
 def combine(parts: list[tuple[torch.Tensor, torch.Tensor]], seq_len: int) -> dict:

@@ -32,7 +32,6 @@ import numpy as np
 import torch
 
 from andrea.config import BOS, N_SPECIAL
-from andrea.embed import attention_pattern
 from andrea.errors import AndreaError
 
 KINDS = ("previous", "first", "same", "induction")
@@ -71,12 +70,8 @@ def head_scores(p: np.ndarray, n: int) -> tuple[dict[str, np.ndarray], dict[str,
 @torch.no_grad()
 def patterns(model, ids: np.ndarray) -> np.ndarray:
     """Every block's attention weights (L, B, nh, T, T) on a batch of sequences."""
-    x = model.embed(torch.as_tensor(ids, device=model.wte.weight.device))
-    out = []
-    for block in model.h:
-        out.append(attention_pattern(block.attn, block.ln_1(x), model.rope).double().cpu())
-        x = block(x, model.rope)
-    return torch.stack(out).numpy()
+    trace = model.trace(torch.as_tensor(ids, device=model.wte.weight.device), keep=("weights",))
+    return torch.stack([w.double().cpu() for w in trace["weights"]]).numpy()
 
 
 def sequence_length(block_size: int) -> int:

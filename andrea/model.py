@@ -6,12 +6,18 @@
 
 Parameter names and their order follow the `.bin` layout of the specification:
 wte, wpe, then per block ln_1, attn.{wq,wk,wv,wo}, ln_2, mlp.{fc1,fc2}; then ln_f, lm_head.
+
+Looking inside: `ANDREA.trace` is the one way to read what each block takes in and gives out (its
+input, normed input, attention weights, heads, attention output, MLP activations and output),
+and `ANDREA.removed` runs any pass with heads, attention layers or MLPs zeroed. Every view,
+lesson, score and benchmark that looks inside reads them; the blocks are walked here only.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from contextlib import contextmanager
 
 import torch
 import torch.nn as nn
@@ -168,6 +174,52 @@ def attend(q, k, v, keys=None, values=None, at: int | torch.Tensor | Rows = 0, m
     # query i sits at absolute position at + i and sees keys 0 .. at + i
     mask = torch.ones(T, end, dtype=torch.bool, device=q.device).tril(diagonal=at)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def attention_weights(attn: "Attention", h: torch.Tensor, rope=None) -> torch.Tensor:
+    """The (B, nh, T, T) attention weights of one attention layer on its input h (after ln_1):
+    softmax over keys j <= i of q_i·k_j / √d_head, 0 above the diagonal (the causal mask). The
+    one place they are computed (the attention kernel never forms them); `ANDREA.trace` keeps
+    them as "weights"."""
+    B, T, _ = h.shape
+    q, k, _ = F.linear(h, attn.qkv_weight()).view(B, T, 3, attn.n_head, attn.head_dim).permute(2, 0, 3, 1, 4)
+    if rope is not None:
+        q, k = rope(q, 0), rope(k, 0)
+    scores = (q @ k.transpose(-1, -2)) / math.sqrt(attn.head_dim)
+    causal = torch.ones(T, T, dtype=torch.bool, device=h.device).tril()
+    return torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1)
+
+
+TRACE_PARTS = ("input", "normed", "weights", "heads", "attention", "middle", "hidden", "mlp", "output")
+
+
+@contextmanager
+def _inputs_of(module):
+    """A list that receives the first input of each call of `module` inside the block (None:
+    an empty list, nothing hooked)."""
+    seen: list = []
+    handle = module.register_forward_pre_hook(lambda _m, args: seen.append(args[0])) if module is not None else None
+    try:
+        yield seen
+    finally:
+        if handle is not None:
+            handle.remove()
+
+
+class Trace:
+    """What one traced pass kept (`ANDREA.trace`): `embedded`, the (B, T, d) matrix that enters
+    block 1, and `blocks`, one dict a block run, holding the parts asked for."""
+
+    def __init__(self, embedded: torch.Tensor, blocks: list[dict]):
+        self.embedded, self.blocks = embedded, blocks
+
+    def __getitem__(self, part: str) -> list[torch.Tensor]:
+        """That part of every block run, in order."""
+        return [b[part] for b in self.blocks]
+
+    def stream(self) -> list[torch.Tensor]:
+        """The residual stream: after the embedding and after each block run (needs "output")."""
+        return [self.embedded] + self["output"]
 
 
 class ReLUSquared(torch.autograd.Function):
@@ -421,6 +473,85 @@ class ANDREA(nn.Module):
             x = block(x, self.rope, cache, i, linear, where, mask)
         h = self.ln_f(x)
         return self.head(h) if linear is None else linear(h, "lm_head", self.lm_head.weight)
+
+    @torch.no_grad()
+    def trace(self, ids: torch.Tensor, keep=("output",), blocks: int | None = None, at=None) -> Trace:
+        """One pass over ids (B, T) keeping, for each block, the parts named in `keep`:
+
+            input      x, what enters the block (the residual stream; block 1's is the embedding)
+            normed     ln_1(x), what attention reads
+            weights    the attention weights (B, nh, T, T), `attention_weights`
+            heads      each head's weighted values, what W_o joins (B, nh, T, d_head)
+            attention  attn(ln_1(x)), what attention adds to the stream (after W_o)
+            middle     x + attention, what enters ln_2
+            hidden     the MLP's activations (B, T, 4d), after fc1 and its activation
+            mlp        mlp(ln_2(middle)), what the MLP adds
+            output     middle + mlp, what leaves the block
+
+        Only the first `blocks` blocks run (default all), and only what is kept is computed
+        beyond the pass itself ("weights" and "heads" take one product more each). `at` (an
+        index or slice of positions) keeps those positions only (of the queries, for weights).
+        Every part is the forward pass's own tensor: `output` of the last block is what
+        `forward` sends to ln_f, bit for bit. Hooks (`removed`) act here as in `forward`.
+        """
+        unknown = set(keep) - set(TRACE_PARTS)
+        if unknown:
+            raise AndreaError(f"a trace keeps {', '.join(TRACE_PARTS)}; not {', '.join(sorted(unknown))}.")
+        self.check_ids(ids)
+        sel = (lambda t: t) if at is None else (lambda t: t[..., at, :])
+        x = embedded = self.embed(ids)
+        runs = []
+        for block in self.h[:blocks]:
+            n1 = block.ln_1(x)
+            part = {"weights": attention_weights(block.attn, n1, self.rope)} if "weights" in keep else {}
+            with _inputs_of(block.attn.wo if "heads" in keep else None) as into_wo:
+                a = block.attn(n1, self.rope)
+            mid = x + a
+            with _inputs_of(block.mlp.fc2 if "hidden" in keep else None) as hidden:
+                m = block.mlp(block.ln_2(mid))
+            out = mid + m
+            if into_wo:
+                B, T, _ = n1.shape
+                part["heads"] = into_wo[0].view(B, T, block.attn.n_head, block.attn.head_dim).transpose(1, 2)
+            if hidden:
+                part["hidden"] = hidden[0]
+            named = {"input": x, "normed": n1, "attention": a, "middle": mid, "mlp": m, "output": out}
+            part.update((k, t) for k, t in named.items() if k in keep)
+            runs.append({k: sel(t) for k, t in part.items()})
+            x = out
+        return Trace(sel(embedded), runs)
+
+    @contextmanager
+    def removed(self, heads=(), attention=(), mlp=()):
+        """Inside the block, the model runs with parts removed (their outputs zeroed): `heads`
+        (block, head) pairs, 0-based, whose weighted values are zeroed before W_o; whole
+        `attention` layers and `mlp`s by block index. Every pass (forward, trace, evaluation)
+        sees it; the hooks go when the block ends, however it ends."""
+        hd, handles = self.config.head_dim, []
+
+        def zero_heads(which):
+            def hook(_module, args):
+                x = args[0].clone()
+                for h in which:
+                    x[..., h * hd : (h + 1) * hd] = 0
+                return (x,)
+            return hook
+
+        by_block: dict[int, list[int]] = {}
+        for layer, head in heads:
+            by_block.setdefault(int(layer), []).append(int(head))
+        try:
+            for i, block in enumerate(self.h):
+                if i in by_block:
+                    handles.append(block.attn.wo.register_forward_pre_hook(zero_heads(by_block[i])))
+                if i in attention:
+                    handles.append(block.attn.register_forward_hook(lambda _m, _a, out: torch.zeros_like(out)))
+                if i in mlp:
+                    handles.append(block.mlp.register_forward_hook(lambda _m, _a, out: torch.zeros_like(out)))
+            yield self
+        finally:
+            for handle in handles:
+                handle.remove()
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         V, m = self.config.vocab_size, self.vocab_multiple

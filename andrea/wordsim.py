@@ -310,6 +310,18 @@ def spearman(x, y) -> float:
     return float(spearmanr(x, y).statistic)
 
 
+def null_spread(n: int) -> float:
+    """The spread of ρ over n pairs under no relation, 1/√(n − 1) (NaN below two pairs): printed
+    beside every ρ, as the module's text says."""
+    return 1 / math.sqrt(n - 1) if n > 1 else float("nan")
+
+
+def rho_with_null(cos, ratings) -> dict:
+    """Spearman ρ of cos θ against the ratings, with n and the null spread: the one place it is
+    computed for a set of pairs."""
+    return {"rho": spearman(cos, ratings), "n": len(cos), "null": null_spread(len(cos))}
+
+
 def _vector(matrix: np.ndarray, index: WordIndex, word: str) -> np.ndarray:
     return matrix[index.ids[word]].mean(axis=0)
 
@@ -333,9 +345,7 @@ def pair_scores(matrix: np.ndarray, index: WordIndex, pairs, points: bool = Fals
             groups[g].append([a, b, float(rating), float(c)])
     out = {}
     for g, rows in groups.items():
-        n = len(rows)
-        out[g] = {"rho": spearman([r[3] for r in rows], [r[2] for r in rows]), "n": n,
-                  "null": 1 / math.sqrt(n - 1) if n > 1 else float("nan")}
+        out[g] = rho_with_null([r[3] for r in rows], [r[2] for r in rows])
         if points:
             out[g]["points"] = rows
     return out

@@ -4,8 +4,9 @@
 
 Starts the lab server on a free loopback port, drives Debian's chromium (through selenium and
 chromium-driver: `apt-get install chromium chromium-driver`, and selenium from the dev extra)
-through each view as a user would (type a word, compare, draw a map, run attention and the logit
-lens on a prompt, generate, move the Growth view's step slider), and saves one PNG per view
+through each view as a user would (the Lesson tab's first walk and its block walk, type a word,
+compare, draw a map, run attention and the logit lens on a prompt, generate, move the Growth
+view's step slider), and saves one PNG per view
 (`--views` takes only some). The Growth view shows a run's embedding snapshots: give the run
 folder or a checkpoint inside it. It fails if the page logs any console error. The functions here
 are also what tests/test_lab_browser.py drives the page with.
@@ -19,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-VIEWS = ("lesson", "params", "token", "compare", "map", "positions", "attention", "lens", "layers", "generate", "growth")
+VIEWS = ("lesson", "lesson-block", "params", "token", "compare", "map", "positions", "attention", "lens", "layers", "generate", "growth")
 GROWTH_HEIGHT = 1600  # the Growth view's panels need a taller window than the others
 CHROMIUM = ("chromium", "chromium-browser", "google-chrome")
 DRIVER = ("chromedriver",)
@@ -168,6 +169,17 @@ def show_each_view(driver, url: str, out_dir: Path | None = None, words=("cat", 
             shoot(view)
 
     step("lesson", lambda: (open_view(driver, url, "lesson"), wait_view_loaded(driver, "lesson"))[1])
+
+    def lesson_block():  # the Lesson tab's third walk, scrolled to the residual stream's picture
+        open_view(driver, url, "lesson")
+        wait_view_loaded(driver, "lesson")
+        driver.find_element(By.ID, "lesson-walk-block").click()
+        result = wait_for(driver, lambda d: d.find_elements(By.CSS_SELECTOR, '#lesson-steps[data-walk="block"]')
+                          and state(d, "lesson") in ("ready", "error") and state(d, "lesson"), 300, "the block lesson")
+        driver.execute_script("document.querySelector('#lesson-steps li[data-key=\"mlp\"]').scrollIntoView()")
+        return result
+
+    step("lesson-block", lesson_block)
     step("params", lambda: (open_view(driver, url, "params"), wait_view_loaded(driver, "params"))[1])
 
     def token():

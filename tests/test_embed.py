@@ -20,7 +20,6 @@ from andrea.decoding.generate import generate_ids
 from andrea.embed import (
     ByteTokenizer,
     attention,
-    attention_pattern,
     compare,
     forward_matrix,
     generate_steps,
@@ -39,7 +38,7 @@ from andrea.embed import (
 )
 from andrea.errors import AndreaError
 from andrea.formats.projector import write_projector
-from andrea.model import ANDREA
+from andrea.model import ANDREA, attention_weights
 from andrea.plots import plot_map, plot_parameter_groups, plot_position_similarity
 from andrea.positions import sinusoidal_table
 from andrea.tokenizer.harris import HarrisTokenizer
@@ -281,7 +280,7 @@ def test_attention_pattern_is_what_the_layer_uses(pos):
     with torch.no_grad():
         x = m.embed(torch.tensor([[256, 257, 258, 259, 3, 4]]))
         h = m.h[0].ln_1(x)
-        w = attention_pattern(attn, h, m.rope)
+        w = attention_weights(attn, h, m.rope)
         assert torch.allclose(w.sum(-1), torch.ones(1, 2, 6)) and not w.triu(1).any()
         v = attn.wv(h).view(1, 6, 2, D // 2).transpose(1, 2)
         y = attn.wo((w @ v).transpose(1, 2).reshape(1, 6, D))
@@ -550,7 +549,7 @@ def test_cli_attention_and_lens(tok, tmp_path, capsys):
         logits, _ = m(torch.tensor([r["ids"]]))
     assert [c["top"][0]["id"] for c in r["lens"][-1]] == logits[0].argmax(-1).tolist()
     code, _, err = run(capsys, "embed", "lens", " cat", "-k", "0", "--checkpoint", str(path))
-    assert code == 2 and "-k must be at least 1" in err
+    assert code == 2 and "argument -k: must be an integer from 1 to" in err  # the flag's own range
 
 
 def test_library_errors_name_arguments_not_flags(model, tok):

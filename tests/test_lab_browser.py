@@ -144,7 +144,7 @@ def test_every_view_loads(browser, url):
     # a bare model file has no training text for the Layers view, and the page says so
     assert states == {v: "error" if v == "layers" else "ready" for v in shots.VIEWS} and shots.VIEWS[0] == "lesson"
     assert "that is not known here" in by_css(browser, "#layers-error")[0].get_attribute("textContent")
-    assert len(by_css(browser, "#lesson-steps li")) == 9  # the lesson's claims, the first tab
+    assert len(by_css(browser, '#lesson-steps[data-walk="block"] li')) == 8  # the block walk, the Lesson tab's last
     assert len(by_css(browser, "#compare-results .card")) == len(LESSON_PAIRS)
     assert "cat·dog" in by_css(browser, "#compare-verdict")[0].get_attribute("textContent")  # the view is hidden now
     assert by_css(browser, "#map-plot .scatterlayer .point")
@@ -153,11 +153,14 @@ def test_every_view_loads(browser, url):
     assert [r.find_elements("css selector", "th")[0].get_attribute("textContent") for r in rows] == ["embedding", "block 1", "block 2"]
 
 
-def test_the_lesson_tab_offers_both_walks_and_draws_their_figures(browser, url, subject):
-    from andrea.lessons import attention
+def test_the_lesson_tab_offers_the_three_walks_and_draws_their_figures(browser, url, subject):
+    from andrea.lessons import attention, block
 
     shots.open_view(browser, url, "lesson")
     assert shots.wait_view_loaded(browser, "lesson") == "ready"
+    by_css(browser, "#lesson-walk-embedding")[0].click()  # the walk a view before may have left another open
+    assert shots.wait_for(browser, lambda d: by_css(d, '#lesson-steps[data-walk="embedding"]')
+                          and shots.state(d, "lesson") == "ready", 60)
     assert by_css(browser, '#lesson-steps li[data-key="pairs"] .main-svg')  # the pairs against the random band
     by_css(browser, "#lesson-walk-attention")[0].click()
     assert shots.wait_for(browser, lambda d: by_css(d, '#lesson-steps[data-walk="attention"]')
@@ -171,6 +174,17 @@ def test_the_lesson_tab_offers_both_walks_and_draws_their_figures(browser, url, 
     verdict = by_css(browser, '#lesson-steps li[data-key="ablation"] .verdict')[0].text
     assert verdict.startswith("cannot check")  # a bare model file: no held-out text, and no figure
     assert not by_css(browser, '#lesson-steps li[data-key="ablation"] .main-svg')
+    by_css(browser, "#lesson-walk-block")[0].click()
+    assert shots.wait_for(browser, lambda d: by_css(d, '#lesson-steps[data-walk="block"]')
+                          and shots.state(d, "lesson") == "ready", 120)
+    items = by_css(browser, "#lesson-steps li")
+    assert [li.get_attribute("data-key") for li in items] == [f.__name__.removeprefix("step_") for f in block.STEPS]
+    assert by_css(browser, '#lesson-steps li[data-key="mlp"] .heatmaplayer image, #lesson-steps li[data-key="mlp"] .hm')
+    for key in ("stream", "head", "params"):  # the stream's size by block, cat's output neighbours, the shares
+        assert by_css(browser, f'#lesson-steps li[data-key="{key}"] .main-svg'), key
+    for key in ("lens", "removal"):  # a bare model file: no held-out text, and no figure
+        assert by_css(browser, f'#lesson-steps li[data-key="{key}"] .verdict')[0].text.startswith("cannot check")
+        assert not by_css(browser, f'#lesson-steps li[data-key="{key}"] .main-svg')
     by_css(browser, "#lesson-walk-embedding")[0].click()
     assert shots.wait_for(browser, lambda d: by_css(d, '#lesson-steps[data-walk="embedding"]'), 30)
     assert len(by_css(browser, "#lesson-steps li")) == 9

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import random
 
 import numpy as np
 import pytest
@@ -20,10 +19,8 @@ from andrea.errors import AndreaError
 from andrea.lessons import attention as lesson
 from andrea.lessons.report import CANNOT, CAVEAT, FAILS, HOLDS
 from andrea.model import ANDREA
-from andrea.prepare import prepare
 from andrea.shards import TokenData
 from andrea.tokenizer.harris import HarrisTokenizer
-from andrea.tokenizer.train import train_tokenizer
 from andrea.train import train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -185,45 +182,6 @@ def test_heads_find_a_previous_token_head_and_fail_where_none_formed(monkeypatch
 # ---------------------------------------------------------------- ablation and later: a trained model on data
 
 
-TOPIC_WORDS = ("red blue green pink gray white black brown cat dog cow pig hen fox owl bat one two six ten nine four five "
-               "three oak elm ash fir yew pine palm lime bread milk rice soup cake corn bean plum ship boat car bus train "
-               "bike van cart").split()
-COMMON = "the a of and to in is it on at by as so we he she they them this that".split()
-
-
-def copy_docs(seed: int, n: int, words: int = 200) -> list[str]:
-    """Documents of common words in which one word of the document's own (drawn from 48) comes back
-    three times in ten: once it has been seen, attending to it predicts it, so heads matter and late
-    tokens are predicted better than early ones."""
-    rng = random.Random(seed)
-    docs = []
-    for _ in range(n):
-        w = rng.choice(TOPIC_WORDS)
-        docs.append(" ".join(w if rng.random() < 0.3 else rng.choice(COMMON) for _ in range(words)))
-    return docs
-
-
-@pytest.fixture(scope="module")
-def copy_data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("copy")
-    for name, seed in (("alpha", 1), ("beta", 2)):
-        (root / f"{name}.txt").write_text("\n\n".join(copy_docs(seed, 120)))
-    tok = train_tokenizer(copy_docs(3, 40), 40)
-    tok.save(root / "tok")
-    prepare(tok, [str(root / "alpha.txt"), str(root / "beta.txt")], root / "data", log=lambda *a: None)
-    return root / "data"
-
-
-@pytest.fixture(scope="module")
-def trained(copy_data, tmp_path_factory):
-    """A 2-layer model trained 1,000 steps (about 10 s) on the copy documents: it learns to look back."""
-    run = tmp_path_factory.mktemp("attn") / "run"
-    train(tiny_config(copy_data), opts(max_steps=1000, eval_every=1000, checkpoint_every=1000, warmup_steps=10,
-                                       batch_size=8, micro_batch=8, snapshots=False, lr=1e-2),
-          copy_data, run, log=lambda *a: None, progress=False)
-    return run
-
-
 def test_ablation_and_later_hold_on_a_trained_model_and_fail_on_one_that_cannot_look_back(trained, copy_data):
     inp = lesson.load_inputs(trained)
     assert inp.data is not None
@@ -308,3 +266,12 @@ def test_score_heads_at_a_length_of_r_the_context_holds():
     for n in (1, 16):
         with pytest.raises(AndreaError, match=f"r of {n} tokens twice after BOS does not fit a context of 32"):
             heads.score_heads(model, n=n)
+
+
+def test_a_model_whose_context_is_shorter_than_the_prompt_walks_every_step_on_what_fits():
+    m = fresh(block_size=6)
+    steps = lesson.lesson(inputs(m))
+    assert [s.key for s in steps] == ["scores", "scale", "mask", "rebuild", "heads", "ablation", "later"]
+    scores = steps[0]
+    assert len(scores.numbers["tokens"]) == 6 and scores.numbers["prompt"] == "the cat sat"  # BOS, t, h, e, ␣cat, ␣sat
+    assert "(6 tokens)" in scores.how and steps[3].verdict == HOLDS

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from andrea.config import POSITION_SCHEMES, PRESETS, ModelConfig
-from andrea.model import ANDREA, KVCache, ReLUSquared, Rows
+from andrea.errors import AndreaError
+from andrea.model import ANDREA, KVCache, ReLUSquared, Rows, attention_weights
 
 TINY = ModelConfig(vocab_size=300, n_embd=32, n_head=4, n_layer=2, block_size=16)
 
@@ -413,3 +414,73 @@ def test_cache_for_another_batch_size_is_refused():
     model = build()
     with pytest.raises(ValueError, match=r"batch size 2"):
         logits_of_cached(model, torch.zeros((1, 3), dtype=torch.long), KVCache(TINY, batch_size=2))
+
+
+# ---------------------------------------------------------------- the traced pass and removed parts
+
+
+@pytest.mark.parametrize("pos", ["learned", "rope"])
+def test_a_traced_pass_is_the_forward_pass_and_its_parts_add_up(pos):
+    """The last block's output through ln_f and the head is forward's logits bit for bit; every
+    block's parts add up as a pre-norm block computes them; the weights, the heads and W_o give
+    the attention output; the hidden activations through fc2 give the MLP's."""
+    model = sharpen(build(pos=pos))
+    ids = random_ids(TINY, 2, 12)
+    t = model.trace(ids, keep=("input", "normed", "weights", "heads", "attention", "middle", "hidden", "mlp", "output"))
+    assert len(t.blocks) == TINY.n_layer and torch.equal(t.embedded, model.embed(ids))
+    with torch.no_grad():
+        assert torch.equal(model.head(model.ln_f(t["output"][-1])), model(ids)[0])
+        for i, (block, b) in enumerate(zip(model.h, t.blocks)):
+            assert torch.equal(b["input"], t.stream()[i])
+            assert torch.equal(b["normed"], block.ln_1(b["input"]))
+            assert torch.equal(b["middle"], b["input"] + b["attention"])
+            assert torch.equal(b["output"], b["middle"] + b["mlp"])
+            assert b["hidden"].shape == (2, 12, 4 * TINY.n_embd) and (b["hidden"] >= 0).all()  # relu²
+            torch.testing.assert_close(block.mlp.fc2(b["hidden"]), b["mlp"])
+            v = block.attn.wv(b["normed"]).view(2, 12, TINY.n_head, TINY.head_dim).transpose(1, 2)
+            if pos == "learned":  # rope turns q and k, never v
+                torch.testing.assert_close(b["weights"] @ v, b["heads"], atol=1e-5, rtol=1e-5)
+            joined = b["heads"].transpose(1, 2).reshape(2, 12, TINY.n_embd)
+            torch.testing.assert_close(block.attn.wo(joined), b["attention"])
+            torch.testing.assert_close(b["weights"], attention_weights(block.attn, b["normed"], model.rope))
+            assert not b["weights"].triu(1).any()
+            torch.testing.assert_close(b["weights"].sum(-1), torch.ones(2, TINY.n_head, 12))
+
+
+def test_a_trace_keeps_only_what_it_is_asked_for():
+    model = sharpen(build())
+    ids = random_ids(TINY, 1, 10)
+    whole = model.trace(ids, keep=("output", "weights"))
+    one = model.trace(ids, keep=("weights",), blocks=1)
+    assert len(one.blocks) == 1 and set(one.blocks[0]) == {"weights"}
+    assert torch.equal(one["weights"][0], whole["weights"][0])
+    last = model.trace(ids, keep=("output", "weights"), at=-1)
+    assert torch.equal(last.embedded, whole.embedded[:, -1])
+    for a, b in zip(last.blocks, whole.blocks):
+        assert torch.equal(a["output"], b["output"][:, -1]) and torch.equal(a["weights"], b["weights"][..., -1, :])
+    with pytest.raises(AndreaError, match="not logits"):
+        model.trace(ids, keep=("logits",))
+    with pytest.raises(AndreaError, match="out of range"):
+        model.trace(torch.tensor([[TINY.vocab_size]]))
+
+
+def test_removed_parts_are_zeroed_in_every_pass_and_come_back_after():
+    model = sharpen(build())
+    ids = random_ids(TINY, 1, 10)
+    before = logits_of(model, ids)
+    with model.removed(heads=[(1, 2)], mlp=[0]):
+        t = model.trace(ids, keep=("heads", "mlp", "attention"))
+        assert not t["heads"][1][:, 2].any() and t["heads"][1][:, 1].any() and t["heads"][0][:, 2].any()
+        assert not t["mlp"][0].any() and t["mlp"][1].any()
+        assert not torch.equal(logits_of(model, ids), before)
+    with model.removed(attention=[0, 1]):
+        t = model.trace(ids, keep=("attention", "middle", "input"))
+        assert not any(a.any() for a in t["attention"]) and torch.equal(t["middle"][0], t["input"][0])
+    # every head removed is every attention layer removed: W_o of zeros is zero
+    with model.removed(heads=[(i, h) for i in range(TINY.n_layer) for h in range(TINY.n_head)]):
+        no_heads = logits_of(model, ids)
+    with model.removed(attention=range(TINY.n_layer)):
+        assert torch.equal(logits_of(model, ids), no_heads)
+    with pytest.raises(RuntimeError), model.removed(mlp=[1]):
+        raise RuntimeError("a pass that fails")
+    assert torch.equal(logits_of(model, ids), before)

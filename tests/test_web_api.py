@@ -658,17 +658,17 @@ def test_serve_command_errors(lab_checkpoint, capsys):
     assert main(["serve", "--checkpoint", str(lab_checkpoint), "--host", "0.0.0.0", "--port", "0"]) == 2
     assert "give an API key with --api-key" in capsys.readouterr().err
     assert main(["serve", "--checkpoint", str(lab_checkpoint), "--max-batch", "0"]) == 2
-    assert "--max-batch must be from 1 to 256" in capsys.readouterr().err
+    assert "argument --max-batch: must be an integer from 1 to 256," in capsys.readouterr().err
     assert main(["serve", "--checkpoint", str(lab_checkpoint), "--port", "70000"]) == 2
-    assert "--port must be from 0 to 65535" in capsys.readouterr().err
+    assert "argument --port: must be an integer from 0 to 65,535," in capsys.readouterr().err
     assert main(["serve", "--checkpoint", str(lab_checkpoint), "--api-key", ""]) == 2
     assert "--api-key must be printable" in capsys.readouterr().err
     assert main(["serve", "--checkpoint", str(lab_checkpoint), "--threads", "0"]) == 2
-    assert "--threads must be from 1 to 256" in capsys.readouterr().err
+    assert "argument --threads: must be an integer from 1 to 256," in capsys.readouterr().err
     assert main(["serve", "--checkpoint", str(lab_checkpoint), "--drain-seconds", "nan"]) == 2
-    assert "--drain-seconds must be from 0 to 3600" in capsys.readouterr().err
+    assert "argument --drain-seconds: must be a number in [0, 3600]" in capsys.readouterr().err
     assert main(["serve", "--checkpoint", str(lab_checkpoint), "--max-queue", "-1"]) == 2
-    assert "--max-queue must be from 0" in capsys.readouterr().err
+    assert "argument --max-queue: must be an integer from 0 to 4,096," in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("host", ["127.0.0.2", "::1", "localhost", "::ffff:127.0.0.1"])
@@ -773,3 +773,15 @@ def test_no_request_opens_a_file(lab_checkpoint, monkeypatch):
         monkeypatch.undo()
         server.stop()
     assert opened == []
+
+
+def test_a_run_folder_whose_name_is_not_utf8_names_the_model_in_replies_that_can_be_written(tmp_path):
+    import os
+
+    from andrea.web.api import model_id
+
+    folder = tmp_path / os.fsdecode(b"run-\xff\xfe")
+    folder.mkdir()
+    assert model_id(folder) == "run-\ufffd\ufffd" and model_id(folder / "best.safetensors") == "run-\ufffd\ufffd"
+    json.dumps({"model": model_id(folder)}, ensure_ascii=False).encode("utf-8")  # a surrogate would raise here
+    assert model_id(tmp_path / "plain.safetensors") == "plain"

@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+import torch
 from helpers import LONG_INT, raw_get_at
 from starlette.testclient import TestClient
 
@@ -272,7 +273,7 @@ def test_lab_command_errors(capsys, lab_checkpoint):
     assert main(["lab"]) == 2
     assert "--checkpoint" in capsys.readouterr().err
     assert main(["lab", "--checkpoint", str(lab_checkpoint), "--port", "70000"]) == 2
-    assert "--port must be from 0 to 65535" in capsys.readouterr().err
+    assert "argument --port: must be an integer from 0 to 65,535," in capsys.readouterr().err
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen(1)
@@ -374,3 +375,18 @@ def test_a_slash_too_many_is_a_404_not_a_redirect(client):
                          ("GET", "/api/info/")):
         r = client.request(method, path, json={"word": "cat"}, follow_redirects=False)
         assert r.status_code == 404 and set(r.json()) == {"error"}, (method, path, r.status_code)
+
+
+def test_compare_gives_a_zero_rows_angle_as_null_as_the_cli_does(client, subject):
+    m, tok = subject.model, subject.tokenizer
+    ids = embed.lookup(tok, "cat", m.config.vocab_size).ids
+    kept = m.wte.weight[ids].clone()
+    with torch.no_grad():
+        m.wte.weight[ids] = 0
+    try:
+        code, r = post(client, "/api/compare", {"a": "cat", "b": "dog"})
+        assert code == 200 and r["input"]["angle_deg"] is None and r["input"]["cos"] == 0
+        assert r["output"]["angle_deg"] is not None
+    finally:
+        with torch.no_grad():
+            m.wte.weight[ids] = kept

@@ -45,13 +45,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from andrea.checkpoint import load_model
 from andrea.config import BOS
-from andrea.embed import encode_prompt
 from andrea.errors import AndreaError
-from andrea.evaluate import token_byte_lengths
+from andrea.evaluate import bits_per_byte, position_nats, token_byte_lengths
 from andrea.heads import COMMON, KINDS, PRESENT, head_scores, patterns, random_repeats, sequence_length
 from andrea.lessons.report import CANNOT, CAVEAT, FAILS, HOLDS, Step, report_json, report_text
 from andrea.shards import TokenData
@@ -61,6 +59,7 @@ PROMPT = "the cat sat on the mat and the cat slept"
 SPREAD_PICKS, SPREAD_FLAT = 1.0, 0.3  # a head's scaled-score spread: it picks tokens; nearly even below
 SCALE_DIMS = (8, 32, 128)
 SCALE_SAMPLES = 4096
+MICRO = 4  # held-out windows whose logits are made at once
 WINDOWS_PER_SOURCE = 4  # held-out windows per source for the ablation (a forward pass per head)
 # and for the later-tokens score (one forward pass): at 16 a source the main job's models scored
 # +0.13 to +0.22 nats with a standard error of 0.10, so the verdict turned on the draw; at 64, 0.05
@@ -81,6 +80,7 @@ class Inputs:
     data_note: str = "no run folder was given"
     prompt: str = PROMPT
     block: dict | None = None  # block_one on the prompt, computed once for the steps that read it
+    windows: tuple | None = None  # the block lesson's held-out (x, y, bytes), made once
 
 
 def load_inputs(checkpoint, log=None) -> Inputs:
@@ -104,20 +104,13 @@ def block_one(model, ids: list[int]) -> dict:
     """Block 1 on ids (one sequence), in float64 from its weights: q, k, v per head (nh, T, hs),
     the raw scores q·k (nh, T, T), and the model's own attention output (T, d), hooked."""
     cfg = model.config
-    t = torch.tensor([ids], device=model.wte.weight.device)
-    block = model.h[0]
-    seen = []
-    handle = block.attn.register_forward_hook(lambda _m, _a, out: seen.append(out.detach()))
-    try:
-        model(t)
-    finally:
-        handle.remove()
-    h = block.ln_1(model.embed(t))[0].double()
+    trace = model.trace(torch.tensor([ids], device=model.wte.weight.device), keep=("normed", "attention"), blocks=1)
+    h = trace["normed"][0][0].double()
     T, nh, hs = len(ids), cfg.n_head, cfg.head_dim
-    q, k, v = (h @ block.attn.qkv_weight().double().T).view(T, 3, nh, hs).permute(1, 2, 0, 3)
+    q, k, v = (h @ model.h[0].attn.qkv_weight().double().T).view(T, 3, nh, hs).permute(1, 2, 0, 3)
     if model.rope is not None:
         q, k = model.rope(q[None], 0)[0], model.rope(k[None], 0)[0]
-    return {"q": q, "k": k, "v": v, "raw": q @ k.transpose(-1, -2), "own": seen[0][0].double()}
+    return {"q": q, "k": k, "v": v, "raw": q @ k.transpose(-1, -2), "own": trace["attention"][0][0].double()}
 
 
 def causal(T: int) -> torch.Tensor:
@@ -138,14 +131,22 @@ def key_spread(scores: torch.Tensor) -> np.ndarray:
     return out / max(1, T - 1)
 
 
-def _prompt_ids(inp: Inputs) -> list[int]:
-    return encode_prompt(inp.model, inp.tokenizer, inp.prompt)
+def prompt_ids(inp: Inputs) -> list[int]:
+    """The prompt's ids, BOS first. Where the model's context is shorter than the prompt, its first
+    T tokens, and `inp.prompt` becomes the text they stand for, so every step runs on what fits and
+    its sentence quotes what it ran on."""
+    ids = inp.tokenizer.encode(inp.prompt, bos=True)
+    T = inp.model.config.block_size
+    if len(ids) > T:
+        ids = ids[:T]
+        inp.prompt = inp.tokenizer.decode(ids[1:])
+    return ids
 
 
 def _prompt_block(inp: Inputs) -> tuple[list[int], dict]:
     """The prompt's ids and block 1 on them (`block_one`), computed on the first call only."""
     if inp.block is None:
-        ids = _prompt_ids(inp)
+        ids = prompt_ids(inp)
         inp.block = {"ids": ids, **block_one(inp.model, ids)}
     return inp.block["ids"], inp.block
 
@@ -222,8 +223,7 @@ def step_scale(inp: Inputs) -> Step:
 
 @torch.no_grad()
 def _after_block_one(model, ids: list[int]) -> torch.Tensor:
-    t = torch.tensor([ids], device=model.wte.weight.device)
-    return model.h[0](model.embed(t), model.rope)[0].double()
+    return model.trace(torch.tensor([ids], device=model.wte.weight.device), blocks=1)["output"][0][0].double()
 
 
 @torch.no_grad()
@@ -313,29 +313,6 @@ def held_out(data: TokenData, seq_len: int, per_source: int = WINDOWS_PER_SOURCE
 
 
 @torch.no_grad()
-def position_nats(model, x: torch.Tensor, y: torch.Tensor, micro: int = 4) -> torch.Tensor:
-    """(windows, T) nats of each next token, in micro-batches (the logits of one at a time)."""
-    out = []
-    for i in range(0, len(x), micro):
-        logits, _ = model(x[i : i + micro])
-        out.append(F.cross_entropy(logits.double().transpose(1, 2), y[i : i + micro], reduction="none"))
-    return torch.cat(out)
-
-
-def _zero_head(head: int, hs: int):
-    def hook(_module, args):
-        y = args[0].clone()
-        y[..., head * hs : (head + 1) * hs] = 0
-        return (y,)
-
-    return hook
-
-
-def _zero_all(_module, args):
-    return (torch.zeros_like(args[0]),)
-
-
-@torch.no_grad()
 def step_ablation(inp: Inputs, log=None) -> Step:
     claim = "The heads do work: removing one (its output zeroed) raises the loss on held-out text."
     if inp.data is None:
@@ -345,25 +322,17 @@ def step_ablation(inp: Inputs, log=None) -> Step:
     nbytes = float(token_byte_lengths(inp.tokenizer, cfg.vocab_size)[y].sum())
 
     def bpb() -> float:
-        return float(position_nats(inp.model, x, y).sum()) / math.log(2) / nbytes
+        return bits_per_byte(position_nats(inp.model, x, y, MICRO, dtype=torch.float64).sum(), nbytes)
 
     base = bpb()
     costs = np.zeros((cfg.n_layer, cfg.n_head))
-    for layer, block in enumerate(inp.model.h):
-        for head in range(cfg.n_head):
-            if log:
-                log(f"removing block {layer + 1} head {head + 1} of {cfg.n_layer} × {cfg.n_head}")
-            handle = block.attn.wo.register_forward_pre_hook(_zero_head(head, cfg.head_dim))
-            try:
-                costs[layer, head] = bpb() - base
-            finally:
-                handle.remove()
-    handles = [block.attn.wo.register_forward_pre_hook(_zero_all) for block in inp.model.h]
-    try:
+    for layer, head in np.ndindex(costs.shape):
+        if log:
+            log(f"removing block {layer + 1} head {head + 1} of {cfg.n_layer} × {cfg.n_head}")
+        with inp.model.removed(heads=[(layer, head)]):
+            costs[layer, head] = bpb() - base
+    with inp.model.removed(heads=list(np.ndindex(costs.shape))):
         every = bpb() - base
-    finally:
-        for handle in handles:
-            handle.remove()
     layer, head = np.unravel_index(int(costs.argmax()), costs.shape)
     working = int((costs >= MIN_COST).sum())
     numbers = {"windows": len(x), "tokens": int(y.numel()), "base_bpb": base, "costs": costs.tolist(),
@@ -389,7 +358,7 @@ def step_later(inp: Inputs) -> Step:
     T = inp.model.config.block_size
     early, late = min(EARLY, T // 4), min(LATE, T // 4)
     x, y = held_out(inp.data, T, LATER_WINDOWS_PER_SOURCE)
-    nats = position_nats(inp.model, x, y)
+    nats = position_nats(inp.model, x, y, MICRO, dtype=torch.float64)
     diff = nats[:, :early].mean(1) - nats[:, T - late :].mean(1)
     score, se = float(diff.mean()), float(diff.std() / math.sqrt(len(diff))) if len(diff) > 1 else math.inf
     by_position = nats.mean(0).tolist()

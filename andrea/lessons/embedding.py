@@ -374,14 +374,7 @@ def step_dot(inp: Inputs) -> Step:
 
 
 def _block_input(model, ids: list[int]) -> torch.Tensor:
-    seen = []
-    handle = model.h[0].register_forward_pre_hook(lambda _m, args: seen.append(args[0].detach()))
-    try:
-        with torch.no_grad():
-            model(torch.tensor([ids]))
-    finally:
-        handle.remove()
-    return seen[0][0].double()
+    return model.trace(torch.tensor([ids]), keep=("input",), blocks=1)["input"][0][0].double()
 
 
 def step_positions(inp: Inputs) -> Step:

@@ -38,7 +38,7 @@ from andrea.checkpoint import load_model
 from andrea.errors import AndreaError
 from andrea.snapshots.store import FOLDER, TABLES, continues, read_snapshot, snapshot_path, snapshot_steps
 from andrea.vectors import cosine, nearest, unit_rows
-from andrea.wordsim import PAIR_SETS, WordIndex, spearman, word_index
+from andrea.wordsim import PAIR_SETS, WordIndex, null_spread, spearman, word_index
 
 WHY_UNSEEN = {
     "v1": "Adam: a token absent from a step's batch has a zero gradient, but its row still moves while Adam's "
@@ -205,7 +205,7 @@ def rho_series(tl: Timeline, sets, table: str = "input", centre: bool = True) ->
     for name in PAIR_SETS:
         pairs[name] = [(a, b, r) for a, b, r in sets.pairs[name] if tl.kept(index, a) and tl.kept(index, b)]
         n = len(pairs[name])
-        out[name] = {"rho": [], "n": n, "null": 1 / math.sqrt(n - 1) if n > 1 else None}
+        out[name] = {"rho": [], "n": n, "null": null_spread(n) if n > 1 else None}
     words = sorted({w for name in PAIR_SETS for a, b, _ in pairs[name] for w in (a, b)})
     at = {w: j for j, w in enumerate(words)}
     mean_rows = _mean_rows(tl, index, words)

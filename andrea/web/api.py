@@ -70,6 +70,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import os
 import threading
 from pathlib import Path
 
@@ -185,11 +186,15 @@ class Served:
 
 
 def model_id(path) -> str:
-    """A checkpoint's name for the API: its run folder's name, or the file's name without suffix."""
+    """A checkpoint's name for the API: its run folder's name, or the file's name without suffix.
+    A name whose bytes are not UTF-8 (Python keeps them as surrogates) has each such byte shown
+    as U+FFFD, so every reply that names the model can be written."""
     p = Path(path).resolve()
     if p.is_dir() or p.name in ("best.safetensors", "latest.safetensors"):
-        return (p if p.is_dir() else p.parent).name or "andrea"
-    return p.stem or "andrea"
+        name = (p if p.is_dir() else p.parent).name
+    else:
+        name = p.stem
+    return os.fsencode(name).decode("utf-8", "replace") or "andrea"
 
 
 # ---------------------------------------------------------------- the app

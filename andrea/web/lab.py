@@ -8,6 +8,7 @@ endpoint under /api/ that calls the same `andrea.embed` functions the `andrea em
     GET  /api/info         the model, its config, the presets, the limits below
     GET  /api/lesson       the embedding lesson's steps on this model (andrea.lessons.embedding)
     GET  /api/lesson/attention   the attention lesson's steps (andrea.lessons.attention)
+    GET  /api/lesson/block       the block lesson's steps (andrea.lessons.block)
     POST /api/params       {"preset": null | NAME}                      where the parameters live
     POST /api/token        {"word", "bare", "whole_words", "metric", "k"} lookup, norms, neighbours,
                            and where the run's data is known the word's purity and coverage there
@@ -43,6 +44,7 @@ from andrea import context_vectors, embed
 from andrea.config import PRESETS
 from andrea.errors import AndreaError, longer_than_context
 from andrea.lessons import attention as attention_lesson
+from andrea.lessons import block as block_lesson
 from andrea.lessons.embedding import inputs_for
 from andrea.lessons.embedding import lesson as lesson_steps
 from andrea.lessons.embedding import to_json as lesson_json
@@ -137,6 +139,13 @@ class LabViews:
             self._lesson_attention = finite(attention_lesson.to_json(inp, steps))
         return self._lesson_attention
 
+    def lesson_block(self, f: Fields) -> dict:
+        """The block lesson's steps on this model (andrea.lessons.block), computed once."""
+        if not hasattr(self, "_lesson_block"):
+            inp = block_lesson.inputs_for(self.model, self.tok, self.subject.name, self.subject.checkpoint)
+            self._lesson_block = finite(block_lesson.to_json(inp, block_lesson.lesson(inp, log=_log)))
+        return self._lesson_block
+
     def token(self, f: Fields) -> dict:
         word = f.text("word", MAX_WORD_CHARS)
         bare, whole = f.flag("bare"), f.flag("whole_words")
@@ -156,7 +165,7 @@ class LabViews:
 
     def compare(self, f: Fields) -> dict:
         a, b = f.text("a", MAX_WORD_CHARS), f.text("b", MAX_WORD_CHARS)
-        return embed.compare(self.model, self.tok, a, b, f.flag("bare"))
+        return finite(embed.compare(self.model, self.tok, a, b, f.flag("bare")))  # a zero row's angle: null, as --json
 
     def map(self, f: Fields) -> dict:
         method = f.choice("method", "pca", embed.MAP_METHODS)
@@ -232,6 +241,7 @@ FIELDS = {
     "info": set(),
     "lesson": set(),
     "lesson_attention": set(),
+    "lesson_block": set(),
     "params": {"preset"},
     "token": {"word", "bare", "whole_words", "metric", "k"},
     "compare": {"a", "b", "bare"},
@@ -362,7 +372,8 @@ def _api_routes(views: LabViews, growth_views: GrowthViews) -> list:
 
     routes = [route("/api/info", "info", "GET", views, FIELDS), route("/api/positions", "positions", "GET", views, FIELDS),
               route("/api/lesson", "lesson", "GET", views, FIELDS),
-              route("/api/lesson/attention", "lesson_attention", "GET", views, FIELDS)]
+              route("/api/lesson/attention", "lesson_attention", "GET", views, FIELDS),
+              route("/api/lesson/block", "lesson_block", "GET", views, FIELDS)]
     for name in ("params", "token", "compare", "map", "attention", "lens", "layers"):
         routes.append(route(f"/api/{name}", name, "POST", views, FIELDS))
     routes.append(route("/api/generate", "generate", "POST", views, FIELDS, stream=True))

@@ -84,7 +84,7 @@ const LESSONS = {};
 
 DRAW.lesson = () => run("lesson", async () => {
   for (const b of document.querySelectorAll(".walks button")) b.classList.toggle("active", b.dataset.walk === WALK);
-  const r = LESSONS[WALK] || (LESSONS[WALK] = await api(WALK === "attention" ? "/api/lesson/attention" : "/api/lesson"));
+  const r = LESSONS[WALK] || (LESSONS[WALK] = await api(WALK === "embedding" ? "/api/lesson" : `/api/lesson/${WALK}`));
   const list = $("lesson-steps");
   list.replaceChildren();
   list.dataset.walk = WALK;
@@ -180,6 +180,50 @@ const LESSON_FIGURES = {
     later: (li, n) => {
       lessonPlot(li, [{ type: "scatter", mode: "lines", x: n.by_position.map((_, t) => t), y: n.by_position, line: { color: "#2563eb" } }],
         { title: PLOT_TITLE("held-out loss by position in the window"), xaxis: { title: { text: "position" } }, yaxis: { title: { text: "nats per token" } } });
+    },
+  },
+  block: {
+    mlp: (li, n) => {
+      const h = n.prompt_hidden;
+      lessonPlot(li, [{ type: "heatmap", z: h.values, x: h.units.map((u) => `unit ${u}`), y: h.tokens.map((p, t) => `${t}:${p}`),
+        colorscale: "Blues", reversescale: true, hovertemplate: "%{y}<br>%{x}: %{z:.3f}<extra></extra>" }],
+      { title: PLOT_TITLE(`block 1's MLP on the prompt: the ${h.units.length} most active of ${n.hidden_width} hidden units, token by token (0: not firing)`),
+        xaxis: { type: "category", showticklabels: false, title: { text: "hidden unit" } }, yaxis: { autorange: "reversed", type: "category", tickfont: { size: 9 } } }, true);
+    },
+    stream: (li, n) => {
+      lessonPlot(li, [{ type: "scatter", mode: "lines+markers", x: n.stages, y: n.norms, name: "the stream's mean row norm", line: { color: "#2563eb" } },
+        { type: "bar", x: n.stages.slice(1), y: n.blocks.map((b) => b.attention), name: "attention adds", marker: { color: "#f59e0b" }, opacity: 0.7 },
+        { type: "bar", x: n.stages.slice(1), y: n.blocks.map((b) => b.mlp), name: "the MLP adds", marker: { color: "#16a34a" }, opacity: 0.7 }],
+      { title: PLOT_TITLE("the residual stream's size after each stage, and the size of what each block adds"), barmode: "group",
+        xaxis: { type: "category" }, yaxis: { title: { text: "mean row norm" } } });
+    },
+    lens: (li, n) => {
+      lessonPlot(li, [{ type: "scatter", mode: "lines+markers", x: n.stages, y: n.bpb, line: { color: "#2563eb" },
+        hovertemplate: "%{x}: %{y:.3f} bits per byte<extra></extra>" }],
+      { title: PLOT_TITLE("held-out bits per byte read through ln_f and the head at each stage (the logit lens)"),
+        xaxis: { type: "category" }, yaxis: { title: { text: "bits per byte" } } });
+    },
+    removal: (li, n) => {
+      const x = n.costs.attention.map((_, i) => `block ${i + 1}`);
+      lessonPlot(li, [{ type: "bar", name: "attention removed", x, y: n.costs.attention, marker: { color: "#f59e0b" } },
+        { type: "bar", name: "MLP removed", x, y: n.costs.mlp, marker: { color: "#16a34a" } }],
+      { title: PLOT_TITLE(`held-out bits per byte each part's removal costs (whole: ${fmt(n.base_bpb)})`), barmode: "group",
+        yaxis: { title: { text: "cost, bits per byte" } },
+        shapes: [{ type: "line", xref: "paper", x0: 0, x1: 1, y0: n.min_cost, y1: n.min_cost, line: { dash: "dot", color: "#b91c1c" } }] });
+    },
+    head: (li, n) => {
+      if (!n.cat) return;
+      const near = n.cat.neighbours.slice().reverse();
+      lessonPlot(li, [{ type: "bar", orientation: "h", x: near.map((t) => t.cos), y: near.map((t) => t.piece.replace(/ /g, "␣")),
+        marker: { color: "#16a34a" }, hovertemplate: "%{y}: cos %{x:.3f}<extra></extra>" }],
+      { title: PLOT_TITLE("the output rows closest to cat's (cos θ on the head's table)"), margin: { l: 110, r: 10, t: 30, b: 44 },
+        yaxis: { type: "category" }, xaxis: { title: { text: "cos θ" } } });
+    },
+    params: (li, n) => {
+      const names = [n.reference, "this model"], parts = [n[n.reference], n.model];
+      lessonPlot(li, [{ type: "bar", name: "the blocks", x: names, y: parts.map((p) => p.blocks_share * 100), marker: { color: "#94a3b8" } },
+        { type: "bar", name: "the two tables and the head", x: names, y: parts.map((p) => (p.tables / p.total) * 100), marker: { color: "#2563eb" } }],
+      { title: PLOT_TITLE("where the parameters live, in per cent of each model's total"), barmode: "stack", yaxis: { title: { text: "%" }, range: [0, 100] } });
     },
   },
 };
