@@ -1,6 +1,7 @@
 """andrea.formats.hf: the Hugging Face folder's tokenizer travels with the model. transformers'
 AutoTokenizer loads the folder's own class (trust_remote_code) and gives andrea's ids, BOS first,
-on thousands of generated strings; decode is exact; a folder without segments refuses to load a
+on thousands of generated strings; decode is exact (BOS shown as "<BOS>" unless skipped, as
+transformers' tokenizers show theirs); a folder without segments refuses to load a
 tokenizer instead of building an empty one; transformers' greedy generation on the folder alone
 gives andrea's tokens."""
 
@@ -98,14 +99,17 @@ def test_autotokenizer_encodes_as_andrea_on_thousands_of_strings_and_decodes_exa
         got = tok(s)["input_ids"]
         assert got == ids, s
         assert tok.encode(s, add_special_tokens=False) == ids[1:]
-        assert tok.decode(got) == trained.decode(ids)
+        assert tok.decode(got, skip_special_tokens=True) == trained.decode(ids)
+        assert tok.decode(got) == "<BOS>" + trained.decode(ids)  # a special token shows as its text, as in transformers
         assert tok.convert_tokens_to_ids(tok.convert_ids_to_tokens(got)) == got
     # a batch is each string alone
     batch = tok(texts[:50])["input_ids"]
     assert batch == [trained.encode(s) for s in texts[:50]]
     # every id has a string of its own, and decode gives back the text
     assert len(set(tok.get_vocab())) == trained.vocab_size
-    assert tok.decode(trained.encode("The cat sat on the mat, the cats' cat.")) == "The cat sat on the mat, the cats' cat."
+    assert tok.decode(trained.encode("The cat sat on the mat, the cats' cat."), skip_special_tokens=True) == \
+        "The cat sat on the mat, the cats' cat."
+    assert tok.decode([BOS]) == "<BOS>" and tok.decode([BOS], skip_special_tokens=True) == ""
 
 
 def test_a_tokenizer_without_word_ends_loads_both_ways_and_both_agree(tmp_path):
@@ -161,4 +165,4 @@ def test_transformers_generate_on_the_folder_alone_gives_andreas_greedy_tokens(f
         new = out[0, enc["input_ids"].shape[1]:].tolist()
         ours = generate_ids(model, trained.encode(prompt), 12, greedy=True)  # both stop at BOS, andrea without it
         assert (new[:-1] if new[-1] == BOS else new) == ours
-        assert tok.decode(out[0]) == trained.decode(trained.encode(prompt) + ours)
+        assert tok.decode(out[0], skip_special_tokens=True) == trained.decode(trained.encode(prompt) + ours)

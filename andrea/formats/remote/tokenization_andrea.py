@@ -6,6 +6,9 @@ This file travels in a Hugging Face folder written by `andrea convert RUN OUT --
 andrea. It gives the ids andrea gives, BOS (256) first, on every string, and decodes them to the
 exact text: ids 0-255 are raw bytes, 256 is BOS (it starts every document and ends generation),
 and a segment that marks a word end (" cat</w>") is taken only at the end of a word of letters.
+As transformers' tokenizers do, `decode` shows BOS as its own text, "<BOS>", unless
+`skip_special_tokens=True`, which gives the text alone (andrea's `decode`); tools such as
+lm-evaluation-harness read the BOS string to tell whether a text already begins with it.
 
 Text is never split around special tokens: "<BOS>" in a text is five characters, as andrea reads
 it. Token strings (`convert_ids_to_tokens`) are "<0xNN>" for a raw byte, "<BOS>" for BOS and the
@@ -70,7 +73,16 @@ class AndreaTokenizer(PreTrainedTokenizer):
 
     def _decode(self, token_ids, skip_special_tokens=False, clean_up_tokenization_spaces=None, **kwargs) -> str:
         ids = [token_ids] if isinstance(token_ids, int) else [int(i) for i in token_ids]
-        return self.rule.decode(ids)  # BOS stands for no text
+        if skip_special_tokens:
+            return self.rule.decode([i for i in ids if i != BOS])
+        runs, run = [], []  # as transformers' tokenizers do, a special token shows as its own text
+        for i in ids:
+            if i == BOS:
+                runs.append(run)
+                run = []
+            else:
+                run.append(i)
+        return self.bos_token.join(self.rule.decode(r) for r in runs + [run])
 
     def build_inputs_with_special_tokens(self, token_ids_0, token_ids_1=None):
         ids = ([BOS] if self.add_bos_token else []) + list(token_ids_0)
