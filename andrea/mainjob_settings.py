@@ -28,7 +28,7 @@ MAIN_SEGMENTS = 8704
 # lesson's fifth word, xylophone, is too rare here to teach a row (the lesson shows it as pieces).
 RESERVED_WORDS = (" cat", " dog", " pet", " Tuesday")
 SHAPES = {
-    "cpu": {"preset": "andrea-cpu", "segments": None, "batch_size": 16, "seq_len": 256, "eval_every": 250, "patience": 0},
+    "cpu": {"preset": "andrea-cpu", "segments": None, "batch_size": 32, "seq_len": 128, "eval_every": 250, "patience": 0},
     "cuda": {"preset": "andrea-12m", "segments": MAIN_SEGMENTS, "batch_size": 32, "seq_len": 1024, "eval_every": 100,
              "patience": 3},
 }

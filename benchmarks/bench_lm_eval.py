@@ -97,7 +97,7 @@ def main(argv=None) -> int:
     print(machine_line(torch.__version__))
     print(f"checkpoint {checkpoint}; tasks andrea_lesson_mc ({len(mc)} items, acc) and andrea_lesson_gen ({len(gen)} items, "
           f"exact match); BOS first on every request (add_bos_token=True)\n")
-    print(md_table(["scored by", "multiple choice acc", "generation exact match", "largest |Δ log-likelihood|", "seconds"],
+    print(md_table(["scored by", "multiple choice acc", "generation exact match", "largest log-likelihood difference", "seconds"],
                    rows, right={1, 2, 3, 4}))
     agree = len({(r[1], r[2]) for r in rows}) == 1
     print(f"\nthe three agree on both tasks: {'yes' if agree else 'NO'}")

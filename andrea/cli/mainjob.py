@@ -48,7 +48,7 @@ def register(sub) -> None:
                                    "with an equal share per source (cached), tokenize it into shards (cached), train a "
                                    "CPU-sized model with the UCB1 curriculum for a bounded time, then print validation "
                                    "bits per byte, a few samples and where the checkpoint is.")
-    p.add_argument("--preset", help="model preset, with its own vocabulary (default: andrea-cpu at 16 x 256 on a CPU; "
+    p.add_argument("--preset", help="model preset, with its own vocabulary (default: andrea-cpu at 32 x 128 on a CPU; "
                    f"on a CUDA GPU andrea-12m's body with the main job's {MAIN_SEGMENTS:,} segments, V {MAIN_SEGMENTS + 257:,}, at 32 x 1024, "
                    "stopped when validation stops improving)")
     p.add_argument("--minutes", type=flag_number(float, 0, 10_000, lo_open=True), default=15.0, help="minutes of training (default 15)")

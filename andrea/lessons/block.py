@@ -48,7 +48,8 @@ from andrea.config import get_preset, norm_params, param_rows
 from andrea.embed import table
 from andrea.errors import AndreaError
 from andrea.evaluate import bits_per_byte, position_nats, token_byte_lengths
-from andrea.lessons.attention import MICRO, MIN_COST, Inputs, causal, held_out, inputs_for, load_inputs, prompt_ids
+from andrea.lessons.attention import (MICRO, MIN_COST, Inputs, held_out, inputs_for, load_inputs, masked_softmax,
+                                      prompt_ids)
 from andrea.lessons.report import CANNOT, CAVEAT, FAILS, HOLDS, Step, report_json, report_text
 from andrea.vectors import cosine, unit_rows
 
@@ -87,8 +88,8 @@ def block64(model, block, x: torch.Tensor) -> torch.Tensor:
     q, k, v = (h @ attn.qkv_weight().double().T).view(T, 3, nh, hs).permute(1, 2, 0, 3)
     if model.rope is not None:
         q, k = model.rope(q[None], 0)[0], model.rope(k[None], 0)[0]
-    scores = (q @ k.transpose(-1, -2) / math.sqrt(hs)).masked_fill(~causal(T), float("-inf"))
-    x = x + (torch.softmax(scores, -1) @ v).transpose(0, 1).reshape(T, d) @ attn.wo.weight.double().T
+    weights = masked_softmax(q @ k.transpose(-1, -2) / math.sqrt(hs))  # the attention lesson's float64 rebuild
+    x = x + (weights @ v).transpose(0, 1).reshape(T, d) @ attn.wo.weight.double().T
     hidden = act64(norm64(block.ln_2, x) @ block.mlp.fc1.weight.double().T, model.config.act)
     return x + hidden @ block.mlp.fc2.weight.double().T
 
