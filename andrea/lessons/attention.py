@@ -51,7 +51,7 @@ from andrea.config import BOS
 from andrea.errors import AndreaError
 from andrea.evaluate import bits_per_byte, position_nats, token_byte_lengths
 from andrea.heads import COMMON, KINDS, PRESENT, head_scores, patterns, random_repeats, sequence_length
-from andrea.lessons.report import CANNOT, CAVEAT, FAILS, HOLDS, Step, report_json, report_text
+from andrea.lessons.report import CANNOT, CAVEAT, FAILS, HOLDS, Step, report_json, report_text, walk
 from andrea.shards import TokenData
 from andrea.usage import run_data
 
@@ -378,9 +378,7 @@ STEPS = (step_scores, step_scale, step_mask, step_rebuild, step_heads, step_abla
 
 def lesson(inp: Inputs, log=None) -> list[Step]:
     """Every step of the attention lesson on these inputs, in order."""
-    if not len(inp.model.h):
-        raise AndreaError("the model has no blocks: there is no attention to walk through.")
-    return [step(inp, log) if step is step_ablation else step(inp) for step in STEPS]
+    return walk(inp, STEPS, "attention", log, logged=(step_ablation,))
 
 
 def to_json(inp: Inputs, steps: list[Step]) -> dict:

@@ -50,7 +50,7 @@ from andrea.errors import AndreaError
 from andrea.evaluate import bits_per_byte, position_nats, token_byte_lengths
 from andrea.lessons.attention import (MICRO, MIN_COST, Inputs, held_out, inputs_for, load_inputs, masked_softmax,
                                       prompt_ids)
-from andrea.lessons.report import CANNOT, CAVEAT, FAILS, HOLDS, Step, report_json, report_text
+from andrea.lessons.report import CANNOT, CAVEAT, FAILS, HOLDS, Step, report_json, report_text, walk
 from andrea.vectors import cosine, unit_rows
 
 __all__ = ["Inputs", "inputs_for", "lesson", "load_inputs", "to_json", "to_text"]
@@ -418,9 +418,7 @@ STEPS = (step_block, step_norm, step_mlp, step_stream, step_lens, step_removal, 
 
 def lesson(inp: Inputs, log=None) -> list[Step]:
     """Every step of the block lesson on these inputs, in order."""
-    if not len(inp.model.h):
-        raise AndreaError("the model has no blocks: there is no block to walk through.")
-    return [step(inp, log) if step is step_removal else step(inp) for step in STEPS]
+    return walk(inp, STEPS, "block", log, logged=(step_removal,))
 
 
 def to_json(inp: Inputs, steps: list[Step]) -> dict:

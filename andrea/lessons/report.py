@@ -28,6 +28,16 @@ class Step:
     numbers: dict = field(default_factory=dict)
 
 
+def walk(inp, steps, what: str, log=None, logged=()) -> list[Step]:
+    """Every step of a walk over the blocks, in order, on a model that has blocks; the steps in
+    `logged` report their progress to `log`."""
+    from andrea.errors import AndreaError
+
+    if not len(inp.model.h):
+        raise AndreaError(f"the model has no blocks: there is no {what} to walk through.")
+    return [step(inp, log) if step in logged else step(inp) for step in steps]
+
+
 def config_of(model) -> dict:
     cfg = model.config
     return {"V": cfg.vocab_size, "d": cfg.n_embd, "T": cfg.block_size, "n_layer": cfg.n_layer, "n_head": cfg.n_head,
