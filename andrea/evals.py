@@ -10,7 +10,8 @@ is greedy when each of its tokens is the model's argmax there. Multiple choice p
 largest log-likelihood (the harness's `acc`). Generation decodes greedily after BOS and the context
 for at most `max_tokens` tokens (or until BOS), cuts the text at the first stop string, and matches
 it to the target with surrounding whitespace stripped (the harness's `exact_match` after its
-`remove_whitespace` filter).
+`remove_whitespace` filter). A request longer than the model's context is refused in a sentence
+(the harness would cut it from the left): the repository's tasks fit any context of 32 tokens.
 
 The repository's own tasks, `andrea_lesson_mc` and `andrea_lesson_gen`, live in
 benchmarks/lm_eval_tasks (their items in JSON Lines beside the task files).

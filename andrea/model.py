@@ -7,10 +7,8 @@
 Parameter names and their order follow the `.bin` layout of the specification:
 wte, wpe, then per block ln_1, attn.{wq,wk,wv,wo}, ln_2, mlp.{fc1,fc2}; then ln_f, lm_head.
 
-Looking inside: `ANDREA.trace` is the one way to read what each block takes in and gives out (its
-input, normed input, attention weights, heads, attention output, MLP activations and output),
-and `ANDREA.removed` runs any pass with heads, attention layers or MLPs zeroed. Every view,
-lesson, score and benchmark that looks inside reads them; the blocks are walked here only.
+Looking inside: `ANDREA.trace` reads what each block takes in and gives out, `ANDREA.removed` runs
+any pass with parts zeroed; every view, lesson and score that looks inside reads them.
 """
 
 from __future__ import annotations
@@ -129,14 +127,16 @@ class Rows:
 def one_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """One query's attention over keys k and values v (a decoding step): SDPA on CUDA; on a CPU
     softmax(q·kᵀ/√hs)·v in plain products. SDPA's CPU kernel splits a single query's keys among
-    torch's threads, so its rounding follows the thread count (torch 2.13: at 1 and 2 threads it
-    differed at 9 of 32 key lengths); each head's plain products run on one thread, so they round
-    alike on any count, which lets `andrea serve` decode on fewer threads than `andrea generate`
-    and keep its tokens (tests/test_web_api.py); benchmarks/bench_decode.py times it."""
+    torch's threads, so its rounding follows the thread count (torch 2.13, tests/test_web_api.py's
+    case: it differed at 42 of 64 key lengths over 1, 2 and 3 threads); each head's plain products
+    run on one thread, so they round alike on any count, which lets `andrea serve` decode on fewer
+    threads than `andrea generate` and keep its tokens; benchmarks/bench_decode.py times it. The
+    products run in float32 whatever the model's dtype, as SDPA accumulates, and only the result
+    takes the model's dtype."""
     if q.device.type != "cpu":
         return F.scaled_dot_product_attention(q, k, v)
-    weights = torch.softmax((q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5, dim=-1, dtype=torch.float32)
-    return weights.to(v.dtype) @ v
+    weights = torch.softmax((q.float() @ k.float().transpose(-1, -2)) * q.shape[-1] ** -0.5, dim=-1)
+    return (weights @ v.float()).to(v.dtype)
 
 
 def attend(q, k, v, keys=None, values=None, at: int | torch.Tensor | Rows = 0, mask=None) -> torch.Tensor:
@@ -213,8 +213,7 @@ class Trace:
     def __init__(self, embedded: torch.Tensor, blocks: list[dict]):
         self.embedded, self.blocks = embedded, blocks
 
-    def __getitem__(self, part: str) -> list[torch.Tensor]:
-        """That part of every block run, in order."""
+    def __getitem__(self, part: str) -> list[torch.Tensor]:  # that part of every block run, in order
         return [b[part] for b in self.blocks]
 
     def stream(self) -> list[torch.Tensor]:
@@ -489,13 +488,14 @@ class ANDREA(nn.Module):
             output     middle + mlp, what leaves the block
 
         Only the first `blocks` blocks run (default all), and only what is kept is computed
-        beyond the pass itself ("weights" and "heads" take one product more each). `at` (an
-        index or slice of positions) keeps those positions only (of the queries, for weights).
-        Every part is the forward pass's own tensor: `output` of the last block is what
-        `forward` sends to ln_f, bit for bit. Hooks (`removed`) act here as in `forward`.
+        beyond the pass itself ("weights" takes one product more). `at` (an index or slice of
+        positions) keeps those positions only (of the queries, for weights). The pass calls each
+        block's own modules (ln_1, attn, ln_2, mlp) in `Block.forward`'s order, so `output` of the
+        last block is what `forward` sends to ln_f, bit for bit, and hooks on those modules
+        (`removed`) act here as in `forward`; a Block whose forward is replaced, or a hook on a
+        Block itself, is not seen (the block lesson compares the logits with `forward`'s).
         """
-        unknown = set(keep) - set(TRACE_PARTS)
-        if unknown:
+        if unknown := set(keep) - set(TRACE_PARTS):
             raise AndreaError(f"a trace keeps {', '.join(TRACE_PARTS)}; not {', '.join(sorted(unknown))}.")
         self.check_ids(ids)
         sel = (lambda t: t) if at is None else (lambda t: t[..., at, :])
@@ -525,8 +525,14 @@ class ANDREA(nn.Module):
     def removed(self, heads=(), attention=(), mlp=()):
         """Inside the block, the model runs with parts removed (their outputs zeroed): `heads`
         (block, head) pairs, 0-based, whose weighted values are zeroed before W_o; whole
-        `attention` layers and `mlp`s by block index. Every pass (forward, trace, evaluation)
-        sees it; the hooks go when the block ends, however it ends."""
+        `attention` layers and `mlp`s by block index. Every pass through the modules (forward,
+        trace, evaluation) sees it, not a decode plan's direct step, which multiplies the weights
+        itself; the hooks go when the block ends, however it ends."""
+        L, nh = self.config.n_layer, self.config.n_head
+        bad = [f"block {i}" for i in (*attention, *mlp) if not 0 <= i < L] + [
+            f"head {(i, h)}" for i, h in heads if not (0 <= i < L and 0 <= h < nh)]
+        if bad:
+            raise AndreaError(f"no {', '.join(bad)} in a model of {L} blocks of {nh} heads (counted from 0).")
         hd, handles = self.config.head_dim, []
 
         def zero_heads(which):

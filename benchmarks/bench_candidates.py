@@ -43,14 +43,15 @@ from common import load_average, machine_line, md_table, say
 
 # name -> (what it changes, MainJob fields). Every candidate tried stays here, chosen or not, so
 # the table can be remade from the runs it names.
+CONTEXT_256 = {"model": {"block_size": 256}, "seq_len": 256, "batch_size": 16}  # the main job's shape before t128
 CANDIDATES = {
     "now": ("andrea-cpu as the main job trained it before this choice (d 256, 4 blocks of 8 heads, context 256, "
-            "16 × 256, v3 at lr 6e-3)", {"model": {"block_size": 256}, "seq_len": 256, "batch_size": 16}),
+            "16 × 256, v3 at lr 6e-3)", CONTEXT_256),
     "t128": ("context 128 at 32 × 128: the same tokens a step, attention half as long, positions learned over 128 rows "
              "(chosen: the main job's shape since)", {"model": {"block_size": 128}, "seq_len": 128, "batch_size": 32}),
-    "lr1e-2": ("v3's peak learning rate 1e-2 for every group (6e-3 now)", {"lr": 1e-2}),
-    "peer": ("nanoGPT's recipe on the same shape: AdamW β 0.9/0.95, warm-up into cosine (andrea's v2, lr 2e-3)",
-             {"recipe": "v2"}),
+    "lr1e-2": ("v3's peak learning rate 1e-2 for every group (6e-3 now), at context 256", {"lr": 1e-2, **CONTEXT_256}),
+    "peer": ("nanoGPT's recipe on the shape of now: AdamW β 0.9/0.95, warm-up into cosine (andrea's v2, lr 2e-3)",
+             {"recipe": "v2", **CONTEXT_256}),
 }
 
 

@@ -12,7 +12,7 @@ Per case it prints the capability torch runs with, the 256×1024 @ 1024×256 pro
 and bfloat16 (the case is only called emulated when the bf16 product is the slower), andrea's
 bf16 verdict for it (`andrea.processor.measure`), one Muon step over the main job's 24 block
 matrices orthogonalized in bfloat16 (torch's way) and in float32, and the main job's training
-step (andrea-cpu at 16 × 256, recipe v3 as `andrea main` sets it up, Muon in the dtype andrea
+step (andrea-cpu in the main job's shape, recipe v3 as `andrea main` sets it up, Muon in the dtype andrea
 chooses) against a bare float32 GPT-2 step of the same shape (transformers, AdamW; the peer of
 `bench_train.py`), plus andrea with torch's own Muon (bf16 always) as it trained before. The
 models take turns over --rounds; tokens/s come from each model's fastest step.

@@ -8,7 +8,7 @@ on the same model (the main job's recipe and optimizer unless --recipe says othe
 alternating rounds so that both share the machine's conditions; the best
 round of each is reported, and the ratios to the step.
 
-    .venv/bin/python benchmarks/bench_guard.py [--preset andrea-cpu] [--batch 16] [--seq 256] [--recipe v3] [--device cpu]
+    .venv/bin/python benchmarks/bench_guard.py [--preset andrea-cpu] [--batch 32] [--seq 128] [--recipe v3] [--device cpu]
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ def best_time(fn, device, reps: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="andrea-cpu")
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=32)  # the main job's step: 32 × 128
+    ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--recipe", choices=sorted(RECIPE_SETTINGS), default=MAIN_RECIPE)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

@@ -188,7 +188,7 @@ def main() -> int:
         print("The main job's model: no final checkpoint in runs/main-corpus to score (the main job makes them).")
     if main_rows:
         print()
-        print("The main job's model (15 minutes, batch 16 × 256), its final checkpoint:")
+        print("The main job's model (15 minutes), its final checkpoint:")
         print()
         print(md_table(["run", "step", "best induction", "best previous token", "induction"], main_rows))
     return 0

@@ -43,7 +43,9 @@ def figures(out: dict, own_mc: dict) -> dict:
     by_doc = {s["doc_id"]: s for s in out["samples"]["andrea_lesson_mc"]}
     gap = max(abs(r[0] - ll) for i, lls in enumerate(own_mc["loglikelihoods"])
               for r, ll in zip(by_doc[i]["filtered_resps"], lls))
-    return {"acc": res["andrea_lesson_mc"]["acc,none"], "exact": res["andrea_lesson_gen"]["exact_match,strip"], "gap": gap}
+    replies = {s["doc_id"]: s["filtered_resps"][0] for s in out["samples"]["andrea_lesson_gen"]}
+    return {"acc": res["andrea_lesson_mc"]["acc,none"], "exact": res["andrea_lesson_gen"]["exact_match,strip"], "gap": gap,
+            "replies": [replies[i] for i in range(len(replies))]}
 
 
 def main(argv=None) -> int:
@@ -76,6 +78,7 @@ def main(argv=None) -> int:
         out, secs = harness("hf", {"pretrained": str(folder), "tokenizer": str(folder), "trust_remote_code": True,
                                    "add_bos_token": True, "dtype": "float32"})
         f = figures(out, own_mc)
+        same_replies = [f["replies"] == [r.strip() for r in own_gen["replies"]]]
         rows.append(["lm_eval --model hf (the folder)", f"{f['acc']:.3f}", f"{f['exact']:.3f}", f"{f['gap']:.1e}", f"{secs:.1f}"])
         say("lm_eval --model local-completions against andrea serve")
         threads = torch.get_num_threads()
@@ -92,6 +95,7 @@ def main(argv=None) -> int:
             server.stop()
             torch.set_num_threads(threads)
         f = figures(out, own_mc)
+        same_replies.append(f["replies"] == [r.strip() for r in own_gen["replies"]])
         rows.append(["lm_eval --model local-completions (andrea serve)", f"{f['acc']:.3f}", f"{f['exact']:.3f}",
                      f"{f['gap']:.1e}", f"{secs:.1f}"])
     print(machine_line(torch.__version__))
@@ -99,8 +103,8 @@ def main(argv=None) -> int:
           f"exact match); BOS first on every request (add_bos_token=True)\n")
     print(md_table(["scored by", "multiple choice acc", "generation exact match", "largest log-likelihood difference", "seconds"],
                    rows, right={1, 2, 3, 4}))
-    agree = len({(r[1], r[2]) for r in rows}) == 1
-    print(f"\nthe three agree on both tasks: {'yes' if agree else 'NO'}")
+    agree = len({(r[1], r[2]) for r in rows}) == 1 and all(same_replies)
+    print(f"\nthe three agree on both tasks, every generated reply the same: {'yes' if agree else 'NO'}")
     return 0 if agree else 1
 
 

@@ -484,3 +484,11 @@ def test_removed_parts_are_zeroed_in_every_pass_and_come_back_after():
     with pytest.raises(RuntimeError), model.removed(mlp=[1]):
         raise RuntimeError("a pass that fails")
     assert torch.equal(logits_of(model, ids), before)
+
+
+def test_removing_a_part_the_model_does_not_have_is_refused_in_a_sentence():
+    model = build()
+    for kwargs in ({"heads": [(0, TINY.n_head)]}, {"heads": [(TINY.n_layer, 0)]}, {"attention": [-1]}, {"mlp": [TINY.n_layer]}):
+        with pytest.raises(AndreaError, match="counted from 0"), model.removed(**kwargs):
+            pass
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())

@@ -37,7 +37,6 @@ other steps, and those say what they lack.
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -107,17 +106,17 @@ def _mean_row_norm(x: torch.Tensor) -> float:
     return float(x.double().norm(dim=-1).mean())
 
 
-@contextmanager
-def _head_tied(model):
-    """The model with its head's rows replaced by the input table's, put back after."""
-    with torch.no_grad():
-        kept = model.lm_head.weight.detach().clone()
-        model.lm_head.weight.copy_(model.wte.weight)
-    try:
-        yield model
-    finally:
-        with torch.no_grad():
-            model.lm_head.weight.copy_(kept)
+@torch.no_grad()
+def _bpb_through(inp: Inputs, table: torch.Tensor) -> float:
+    """Held-out bits per byte with the last state read through ln_f and `table` (V, d) as the head:
+    the model's own head, or the input table for tying (the model's weights are left as they are)."""
+    x, y, nbytes = _held_out(inp)
+    nats = 0.0
+    for i in range(0, len(x), MICRO):
+        h = inp.model.ln_f(inp.model.trace(x[i : i + MICRO]).stream()[-1])
+        logits = F.linear(h, table).double()
+        nats += float(F.cross_entropy(logits.flatten(0, 1), y[i : i + MICRO].flatten(), reduction="sum"))
+    return bits_per_byte(nats, nbytes)
 
 
 def _held_out(inp: Inputs):
@@ -180,9 +179,12 @@ def step_norm(inp: Inputs) -> Step:
             return Step("norm", claim, f"{name} is {type(norm).__name__}", FAILS, "the block's norm is not a layer norm", {})
         out, x = norm(x).double(), x.double()
         gain = norm.weight.double()
-        keep = gain.abs() > 1e-6  # a coordinate whose gain is 0 carries nothing back
-        z = (out - (norm.bias.double() if getattr(norm, "bias", None) is not None else 0))[:, keep] / gain[keep]
         var = x.var(-1, unbiased=False) if not rms_norm else (x * x).mean(-1)
+        # the rows with gain and bias taken off; a coordinate whose gain is 0 carries nothing back, and
+        # counts as the rule gives it, so that it neither fails nor passes a row by itself
+        z = (x - (0 if rms_norm else x.mean(-1, keepdim=True))) / torch.sqrt(var + norm.eps)[:, None]
+        keep = gain.abs() > 1e-6
+        z[:, keep] = (out - (norm.bias.double() if getattr(norm, "bias", None) is not None else 0))[:, keep] / gain[keep]
         expected = torch.sqrt(var / (var + norm.eps))  # eps keeps a row's spread just under 1
         spread = z.std(-1, unbiased=False) if not rms_norm else z.pow(2).mean(-1).sqrt()
         mean = z.mean(-1)
@@ -367,9 +369,7 @@ def step_head(inp: Inputs) -> Step:
         how += (f"; cat's output row against its input row: cos {numbers['cat']['in_out_cos']:+.3f}; closest output rows: "
                 + ", ".join(f"{n['piece'].replace(' ', '␣')} {n['cos']:+.2f}" for n in numbers["cat"]["neighbours"]))
     if inp.data is not None:
-        base = _bpb(inp)
-        with _head_tied(model):
-            tied = _bpb(inp)
+        base, tied = _bpb_through(inp, model.lm_head.weight), _bpb_through(inp, model.wte.weight)
         numbers.update(base_bpb=base, tied_bpb=tied, tying_cost=tied - base)
         how += f"; with the input table as the head, held-out bits per byte {base:.4f} → {tied:.4f} ({tied - base:+.3f})"
     if numbers["shared_storage"]:

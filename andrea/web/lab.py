@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from importlib import resources
 from pathlib import Path
 
@@ -71,6 +72,9 @@ MAX_USES = 64  # uses of a word averaged in the Layers view
 
 
 # ---------------------------------------------------------------- the views, as plain functions of a subject
+
+
+LESSONS = threading.Lock()  # the walks that remove parts of the model run one at a time
 
 
 class LabViews:
@@ -132,18 +136,21 @@ class LabViews:
         return self._lesson
 
     def lesson_attention(self, f: Fields) -> dict:
-        """The attention lesson's steps on this model (andrea.lessons.attention), computed once."""
-        if not hasattr(self, "_lesson_attention"):
-            inp = attention_lesson.inputs_for(self.model, self.tok, self.subject.name, self.subject.checkpoint)
-            steps = attention_lesson.lesson(inp, log=_log)
-            self._lesson_attention = finite(attention_lesson.to_json(inp, steps))
+        """The attention lesson's steps on this model (andrea.lessons.attention), computed once (one
+        walk at a time: its removals hook the model while they run)."""
+        with LESSONS:
+            if not hasattr(self, "_lesson_attention"):
+                inp = attention_lesson.inputs_for(self.model, self.tok, self.subject.name, self.subject.checkpoint)
+                steps = attention_lesson.lesson(inp, log=_log)
+                self._lesson_attention = finite(attention_lesson.to_json(inp, steps))
         return self._lesson_attention
 
     def lesson_block(self, f: Fields) -> dict:
-        """The block lesson's steps on this model (andrea.lessons.block), computed once."""
-        if not hasattr(self, "_lesson_block"):
-            inp = block_lesson.inputs_for(self.model, self.tok, self.subject.name, self.subject.checkpoint)
-            self._lesson_block = finite(block_lesson.to_json(inp, block_lesson.lesson(inp, log=_log)))
+        """The block lesson's steps on this model (andrea.lessons.block), computed once, one walk at a time."""
+        with LESSONS:
+            if not hasattr(self, "_lesson_block"):
+                inp = block_lesson.inputs_for(self.model, self.tok, self.subject.name, self.subject.checkpoint)
+                self._lesson_block = finite(block_lesson.to_json(inp, block_lesson.lesson(inp, log=_log)))
         return self._lesson_block
 
     def token(self, f: Fields) -> dict:
