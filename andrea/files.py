@@ -81,6 +81,7 @@ def atomic_output(path):
     try:
         yield tmp
         replace_durably(tmp, path)
+        remove_dead_temps_of(path)
     except BaseException as e:
         try:
             tmp.unlink()
@@ -208,25 +209,46 @@ def open_regular(path, mode: str = "rb", what: str = "file"):
         raise
 
 
+def remove_dead_temps_of(path) -> list[Path]:
+    """Remove the temporary files of this one file (NAME.tmp-PID-HEX beside it) whose process is no
+    longer alive: a write killed before its rename leaves one, and the next write of the same file
+    takes it away (`atomic_output` calls this after each write). No lock is needed: a process that
+    is gone writes nothing, and a live one's file (its id reused, too) is never touched."""
+    path = Path(path)
+    prefix = path.name + TMP_MARK
+    try:
+        with os.scandir(path.parent) as entries:
+            names = [e.name for e in entries if e.name.startswith(prefix)]
+    except OSError:
+        return []
+    return _remove_dead(path.parent, names)
+
+
 def remove_dead_temps(folder) -> list[Path]:
     """Remove the temporary files (NAME.tmp-PID-HEX) in folder whose process is no longer alive,
     as a killed write leaves them; return them. Call it only while holding the folder's lock:
     a live process's temporary file, this one's included, is never touched."""
-    removed = []
     try:
-        entries = list(Path(folder).iterdir())
+        names = [p.name for p in Path(folder).iterdir()]
     except OSError:
-        return removed
-    for p in entries:
-        found = _TEMP_RE.fullmatch(p.name)
+        return []
+    return _remove_dead(Path(folder), names)
+
+
+def _remove_dead(folder: Path, names) -> list[Path]:
+    """Of the files `names` in folder, remove the temporary ones whose process is gone; return them."""
+    removed = []
+    for name in names:
+        found = _TEMP_RE.fullmatch(name)
         if found is None or _alive(int(found.group(1))):
             continue
+        p = folder / name
         try:
             if p.is_file() and not p.is_symlink():
                 p.unlink()
                 removed.append(p)
         except OSError:
-            pass  # left for the next run to try again
+            pass  # left for the next write or run to try again
     return removed
 
 

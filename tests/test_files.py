@@ -176,3 +176,29 @@ def test_a_finished_file_has_a_new_files_mode_whatever_its_writer_chose(tmp_path
     finally:
         os.umask(old)
     assert (tmp_path / "w.safetensors").stat().st_mode & 0o777 == mode
+
+
+@pytest.mark.hostile
+def test_the_next_write_of_a_file_removes_the_temporary_files_its_killed_writes_left(tmp_path):
+    """processor.json, verified.json, a tokenizer's files: written outside a run's lock, each
+    write of NAME takes away NAME.tmp-PID-HEX whose process is gone, and nothing else."""
+    from andrea.files import atomic_write_bytes
+
+    dead = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    dead.send_signal(signal.SIGKILL)
+    dead.wait()
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        target = tmp_path / "processor.json"
+        stale = tmp_path / f"processor.json.tmp-{dead.pid}-0123abcd"
+        live = tmp_path / f"processor.json.tmp-{alive.pid}-89abcdef"
+        another = tmp_path / f"verified.json.tmp-{dead.pid}-00ff00ff"  # another file's: its own next write
+        for p in (stale, live, another):
+            p.write_bytes(b"{half")
+        atomic_write_bytes(target, b"{}")
+        assert target.read_bytes() == b"{}" and not stale.exists() and live.exists() and another.exists()
+        atomic_write_bytes(tmp_path / "verified.json", b"{}")
+        assert not another.exists() and live.exists()
+    finally:
+        alive.kill()
+        alive.wait()
