@@ -107,16 +107,18 @@ def _mean_row_norm(x: torch.Tensor) -> float:
 
 
 @torch.no_grad()
-def _bpb_through(inp: Inputs, table: torch.Tensor) -> float:
-    """Held-out bits per byte with the last state read through ln_f and `table` (V, d) as the head:
-    the model's own head, or the input table for tying (the model's weights are left as they are)."""
+def _bpb_through(inp: Inputs, tables: list[torch.Tensor]) -> list[float]:
+    """Held-out bits per byte with the last state read through ln_f and each of `tables` (V, d) as
+    the head, from one pass: the model's own head, or the input table for tying (the model's
+    weights are left as they are)."""
     x, y, nbytes = _held_out(inp)
-    nats = 0.0
+    nats = [0.0] * len(tables)
     for i in range(0, len(x), MICRO):
         h = inp.model.ln_f(inp.model.trace(x[i : i + MICRO]).stream()[-1])
-        logits = F.linear(h, table).double()
-        nats += float(F.cross_entropy(logits.flatten(0, 1), y[i : i + MICRO].flatten(), reduction="sum"))
-    return bits_per_byte(nats, nbytes)
+        for k, table in enumerate(tables):
+            logits = F.linear(h, table).double()
+            nats[k] += float(F.cross_entropy(logits.flatten(0, 1), y[i : i + MICRO].flatten(), reduction="sum"))
+    return [bits_per_byte(n, nbytes) for n in nats]
 
 
 def _held_out(inp: Inputs):
@@ -369,7 +371,7 @@ def step_head(inp: Inputs) -> Step:
         how += (f"; cat's output row against its input row: cos {numbers['cat']['in_out_cos']:+.3f}; closest output rows: "
                 + ", ".join(f"{n['piece'].replace(' ', '␣')} {n['cos']:+.2f}" for n in numbers["cat"]["neighbours"]))
     if inp.data is not None:
-        base, tied = _bpb_through(inp, model.lm_head.weight), _bpb_through(inp, model.wte.weight)
+        base, tied = _bpb_through(inp, [model.lm_head.weight, model.wte.weight])
         numbers.update(base_bpb=base, tied_bpb=tied, tying_cost=tied - base)
         how += f"; with the input table as the head, held-out bits per byte {base:.4f} → {tied:.4f} ({tied - base:+.3f})"
     if numbers["shared_storage"]:
