@@ -77,14 +77,16 @@ def check_memory(need: int, what: str, advice: str, have: int | None = None, whe
                           f"{advice}.")
 
 
-def check_training_memory(model_cfg: ModelConfig, seq_len: int, micro: int, device, loss_rows: int) -> None:
+def check_training_memory(model_cfg: ModelConfig, seq_len: int, micro: int, device) -> None:
     """Refuse, before anything is built, a run whose model and micro-batch cannot fit: counted by
-    arithmetic (`training_bytes`, the loss in blocks of `loss_rows`), against the GPU's free
-    memory or the machine's."""
+    arithmetic (`training_bytes`, the loss in the blocks of rows it takes on `device`,
+    `andrea.loss.loss_chunk_rows`), against the GPU's free memory or the machine's."""
     import torch
 
+    from andrea.loss import loss_chunk_rows
+
     cuda = device.type == "cuda"
-    need = training_bytes(model_cfg, micro, seq_len, loss_rows)
+    need = training_bytes(model_cfg, micro, seq_len, loss_chunk_rows(device))
     have = torch.cuda.mem_get_info(device)[0] if cuda else None
     check_memory(need, f"training this model on micro-batches of {micro:,} × {seq_len:,} tokens", "lower "
                  "--batch-size, or give --micro-batch so that gradients accumulate over smaller batches, or choose a "

@@ -20,7 +20,7 @@ bfloat16 on CUDA and on a CPU with native bf16, float32 on every other CPU. Two 
 - the training step's forward and backward run under `training_autocast(device)`: bf16 autocast
   where compute_dtype is bf16, none where it is float32. Weights, optimizer state, gradients and
   the loss stay float32 either way (the loss's log-sum-exp is taken in float32,
-  `andrea.model.ChunkedCrossEntropy`), so a checkpoint does not record the format and a run
+  `andrea.loss.ChunkedCrossEntropy`), so a checkpoint does not record the format and a run
   resumes across the two;
 - recipe v3's Muon orthogonalizes each momentum matrix in it (`andrea.optim.Muon`).
 MFU is taken against `cpu_peak_flops()` on a CPU (`andrea.flops.peak_flops`): the measured rate of the timed product

@@ -82,7 +82,7 @@ from andrea.files import (
 from andrea.flops import flops_per_token, peak_flops
 from andrea.memory import check_training_memory
 from andrea.metrics import Meter, append_row
-from andrea.model import ANDREA, loss_chunk_rows
+from andrea.model import ANDREA
 from andrea.optim import lr_at, make_optimizer
 from andrea.optim_state import full_optim_state, load_optimizer_state
 from andrea.plots import plot_curriculum, plot_losses
@@ -196,7 +196,7 @@ class Run:
         check_validation(data, self.names, cfg.seq_len)
         verify_shards(data, log if self.master else None, save=self.master)
         self.per_rank, self.micro, self.accum = batch_split(cfg, self.world)
-        check_training_memory(model_cfg, cfg.seq_len, self.micro, self.device, loss_chunk_rows(self.device))
+        check_training_memory(model_cfg, cfg.seq_len, self.micro, self.device)
         self.lock = None
         if self.master:
             check_writable(self.out, "the run folder")

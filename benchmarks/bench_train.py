@@ -2,7 +2,7 @@
 
 One step = forward, mean cross-entropy, backward, AdamW step; fp32 on the CPU with every core.
 andrea runs as `andrea train` sets it up (`andrea.model.tune_for_training`: the head's matmul
-padded to 16 rows; the loss in blocks of rows, `andrea.model.ChunkedCrossEntropy`).
+padded to 16 rows; the loss in blocks of rows, `andrea.loss.ChunkedCrossEntropy`).
 The peer has the same width, depth, heads, context and vocabulary, an untied head, the same
 activation (relu2 where ANDREA uses it), no dropout and SDPA attention; it differs in having
 biases on its linear layers (ANDREA's have none). Both compute the loss with the same

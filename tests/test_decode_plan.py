@@ -12,7 +12,8 @@ from andrea.config import ACTIVATIONS, NORMS, POSITION_SCHEMES, ModelConfig
 from andrea.decoding.generate import BOS, generate_ids
 from andrea.decoding.plan import CPULayouts, DecodePlan, StackedQKV, kept_layouts, row_times
 from andrea.errors import AndreaError
-from andrea.model import ANDREA, KVCache, chunked_cross_entropy
+from andrea.loss import chunked_cross_entropy
+from andrea.model import ANDREA, KVCache
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
