@@ -28,7 +28,7 @@ from andrea.model import ANDREA, tune_for_training
 from andrea.optim import make_optimizer
 from andrea.prepare import prepare
 from andrea.processor import flush_subnormals, training_autocast
-from andrea.shards import PROGRESS_FILE, VERIFIED_FILE, TokenData, verify_shards
+from andrea.shards import PROGRESS_FILE, VERIFIED_FILE, open_token_data
 from andrea.tokenizer.harris import WORD_PATTERN, HarrisTokenizer
 from andrea.tokenizer.sample import load_training_texts
 from andrea.tokenizer.train import TRAINER_VERSION, train_tokenizer
@@ -177,7 +177,7 @@ def prepared_data(tokenizer, source_names: list[str], log=print) -> Path:
     folder = shards_dir() / tokenizer.fingerprint()[:16]
     if (folder / "manifest.json").exists():
         try:
-            verify_shards(TokenData(folder), log)  # what training checks first, checked here so a failure heals
+            open_token_data(folder, tokenizer, log=log)  # what training checks first, checked here so a failure heals
             return folder
         except (AndreaError, OSError) as e:
             log(f"note: preparing the shards again ({str(e).rstrip('.')})")
@@ -239,7 +239,7 @@ def run_main_job(job: MainJob, log=print) -> dict:
     best_eval = _eval_at(out / "metrics.jsonl", best_step) or result.eval
     model, tok, _ = load_model(chosen)
     log(f"evaluating {chosen} on every source's held-out text (the final figure, outside the training budget)")
-    final = final_evaluation(model, TokenData(data_dir), opts.seq_len, token_byte_lengths(tok, cfg.vocab_size))
+    final = final_evaluation(model, open_token_data(data_dir, tok), opts.seq_len, token_byte_lengths(tok, cfg.vocab_size))
     generator = TextGenerator(model, tok)
     samples = []
     for i, prompt in enumerate(PROMPTS[: job.samples]):

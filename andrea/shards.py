@@ -19,9 +19,12 @@ signature (paths, sizes, modification times), and is written last, atomically, s
 a partial shard. The tokenizer is saved beside it in `tokenizer/`. A version 1 manifest (one
 `file` per split) is still read.
 
-Before a run's first step every shard is checked against the manifest (ids below V, the recorded
-SHA-256: `verify_shards`); `verified.json` notes the shards so checked, by size and modification
-time, so an unchanged shard is read only once.
+Every reader opens a data folder one way, `open_token_data` (the readers are listed beside it in
+TOKEN_DATA_READERS): the manifest, the shards' headers and sizes, the tokenizer by fingerprint (the
+model's, or the folder's own) and every shard against the manifest (ids below V, the recorded
+SHA-256: `verify_shards`), before a training step, a lesson's verdict or a lab view is computed
+from it. `verified.json` notes the shards so checked, by size and modification time, so an
+unchanged shard is read only once.
 
 Batches are windows of `T + 1` tokens at random offsets, read straight from numpy memmaps of
 every shard; a window never spans two shards. The offsets for a whole global batch come from one
@@ -340,14 +343,50 @@ def verify_shards(data: "TokenData", log=None, save: bool = True) -> None:
             log(f"shards: all {kept:,} unchanged since their last full check ({what})")
 
 
+# ---------------------------------------------------------------- the one opening of token data
+
+# Every reader of token data, by what a user runs; each opens its data with `open_token_data` and
+# with nothing else. tests/test_shards.py drives each of these through the same damaged folders,
+# and fails where `TokenData` is called anywhere in andrea/ or benchmarks/ but here. The main job's
+# cache check goes through the gate too, and prepares the shards again where it refuses
+# (tests/test_mainjob.py).
+TOKEN_DATA_READERS = (
+    "andrea train", "andrea lesson", "andrea lesson attention", "andrea lesson block",
+    "andrea embed similarity --ppmi", "andrea embed similarity --layer", "andrea embed split",
+    "lab usage", "lab words", "lab layers", "lab lesson", "lab lesson attention", "lab lesson block",
+    "andrea experiment positions", "andrea experiment sparse-updates",
+)
+
+
+def open_token_data(folder, tokenizer=None, *, vocab_size: int | None = None, log=None, save: bool = True) -> TokenData:
+    """A prepared data folder, opened the one way every reader opens one: the manifest read and
+    checked, every shard's header and size checked, the tokenizer it was prepared with compared by
+    fingerprint with `tokenizer` (the model's; a tokenizer of the same V is not enough), V compared
+    with `vocab_size`, and every id checked below V with its SHA-256 as recorded (`verify_shards`,
+    once per shard while it is unchanged). Else one sentence naming the folder and the problem."""
+    data = TokenData(folder)
+    if tokenizer is None and (data.dir / "tokenizer").exists():
+        tokenizer = data.load_tokenizer()  # the folder's own, which must be the one its manifest names
+    if tokenizer is not None:
+        vocab_size = tokenizer.vocab_size if vocab_size is None else vocab_size
+        fingerprint = getattr(tokenizer, "fingerprint", None)
+        if fingerprint is not None and fingerprint() != data.manifest["tokenizer"]:
+            raise AndreaError(f"{data.dir} was prepared with another tokenizer than this model's (fingerprint "
+                              f"{str(data.manifest['tokenizer'])[:16]}..., the model's {fingerprint()[:16]}...): what it "
+                              f"holds is not the model's tokens.")
+    if vocab_size is not None and data.vocab_size != vocab_size:
+        raise AndreaError(f"{data.dir} holds tokens of V = {data.vocab_size:,}, the model V = {vocab_size:,}: it was "
+                          f"prepared with another tokenizer.")
+    verify_shards(data, log, save=save)
+    return data
+
+
 def check_validation(data: "TokenData", names, seq_len: int) -> None:
-    """Every validation shard a run will evaluate holds at least one window of seq_len + 1 tokens
-    and only ids below V: checked before the first step, not found at the first evaluation."""
-    V = data.vocab_size
+    """Every validation shard a run will evaluate holds at least one window of seq_len + 1 tokens:
+    checked before the first step, not found at the first evaluation (its ids are the gate's)."""
     for name in names:
         shards = data.sources[name].val.shards
         if not any(len(shard) >= seq_len + 1 for shard in shards):  # a window never spans two shards
             raise AndreaError(f"source {name} has no validation shard of one window of {seq_len + 1} tokens "
                               f"({sum(map(len, shards)):,} tokens in all); prepare more text or use a shorter --seq-len.")
-        if any(len(shard) and int(shard.max()) >= V for shard in shards):
-            raise AndreaError(f"a validation shard of {name} holds ids >= V = {V:,}; it is damaged.")
+

@@ -88,7 +88,7 @@ from andrea.optim_state import full_optim_state, load_optimizer_state
 from andrea.plots import plot_curriculum, plot_losses
 from andrea.processor import bf16_verdict, processor_line, training_autocast
 from andrea.runstate import RunState, checkpoint_to_resume
-from andrea.shards import TokenData, check_validation, verify_shards
+from andrea.shards import TokenData, check_validation, open_token_data
 from andrea.signals import Signals, is_main_process
 from andrea.snapshots.observers import make_growth, record_heads, score_similarity
 from andrea.trainconfig import TrainConfig, batch_split
@@ -185,7 +185,7 @@ class Run:
         self.fsdp = cfg.fsdp and self.world > 1
 
         # ---- everything a user can get wrong is checked before any work is done
-        self.data = data = TokenData(data_dir)
+        self.data = data = open_token_data(data_dir, log=log if self.master else None, save=self.master)
         self.tokenizer = data.load_tokenizer()
         if self.tokenizer.vocab_size != model_cfg.vocab_size:
             raise AndreaError(f"the data's tokenizer has V = {self.tokenizer.vocab_size:,} but the model has "
@@ -194,7 +194,6 @@ class Run:
         data.check_context(cfg.seq_len)
         self.names = self._source_names()
         check_validation(data, self.names, cfg.seq_len)
-        verify_shards(data, log if self.master else None, save=self.master)
         self.per_rank, self.micro, self.accum = batch_split(cfg, self.world)
         check_training_memory(model_cfg, cfg.seq_len, self.micro, self.device)
         self.lock = None

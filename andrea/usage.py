@@ -44,7 +44,7 @@ import numpy as np
 
 from andrea.errors import AndreaError
 from andrea.files import atomic_write_bytes, check_regular, read_json, read_npz, remove_dead_temps
-from andrea.shards import TokenData, verify_shards
+from andrea.shards import TokenData, open_token_data, verify_shards
 
 USAGE_FILE = "usage.npz"
 USAGE_VERSION = 2
@@ -216,9 +216,11 @@ def _consistent(u: Usage) -> bool:
     return bool((counts.sum(axis=1) <= u.count - u.alone).all())
 
 
-def run_data(checkpoint, vocab_size: int | None = None) -> tuple[TokenData | None, str]:
-    """The prepared data folder a run trained on (its train.json names it), or None and the reason
-    it is not known: a fresh model, a bare model file, data that is gone, damaged or of another V."""
+def run_data(checkpoint, tokenizer=None) -> tuple[TokenData | None, str]:
+    """The prepared data folder a run trained on (its train.json names it), opened through the one
+    gate (`andrea.shards.open_token_data`: the model's tokenizer by fingerprint, ids below V), or
+    None and the reason it is not known: a fresh model, a bare model file, data that is gone,
+    damaged or prepared with another tokenizer."""
     if checkpoint is None:
         return None, "a fresh model has no training data"
     path = Path(checkpoint)
@@ -230,18 +232,15 @@ def run_data(checkpoint, vocab_size: int | None = None) -> tuple[TokenData | Non
         recorded = read_json(cfg, "train.json")
         data_dir = recorded.get("data") if isinstance(recorded, dict) else None
         if not isinstance(data_dir, str) or not Path(data_dir).is_dir():
-            return None, f"the training data named in {cfg} ({data_dir!r}) is not here"
-        data = TokenData(data_dir)
+            return None, f"the training data named in {cfg} ({str(data_dir)[:200]!r}) is not here"
+        return open_token_data(data_dir, tokenizer), ""
     except AndreaError as e:
         return None, str(e).rstrip(".")
-    if vocab_size is not None and data.vocab_size != vocab_size:
-        return None, f"{data_dir} has V = {data.vocab_size:,}, the model {vocab_size:,}"
-    return data, ""
 
 
 def run_usage(checkpoint, tokenizer=None, log=None) -> tuple[Usage | None, str]:
     """The usage figures of the data a run trained on (`run_data`), or None and why not."""
-    data, why = run_data(checkpoint, tokenizer.vocab_size if tokenizer is not None else None)
+    data, why = run_data(checkpoint, tokenizer)
     if data is None:
         return None, why
     try:

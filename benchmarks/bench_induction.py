@@ -51,7 +51,7 @@ from andrea.heads import COMMON, PRESENT, score_heads, sequence_length
 from andrea.mainjob_settings import MAIN_SEGMENTS, RECIPE_SETTINGS
 from andrea.metrics import read_metrics
 from andrea.prepare import prepare
-from andrea.shards import TokenData
+from andrea.shards import open_token_data
 from andrea.train import train
 from andrea.trainconfig import TrainConfig
 
@@ -91,7 +91,7 @@ def repeats_data(data_dir: Path, out: Path, seed: int = 0) -> Path:
     source of the main job's training split in proportion to its tokens, each written COPIES times."""
     if (out / "data" / "manifest.json").exists():
         return out / "data"
-    data = TokenData(data_dir)
+    data = open_token_data(data_dir)
     tokenizer = data.load_tokenizer()
     rng = np.random.default_rng(seed)
     out.mkdir(parents=True, exist_ok=True)
@@ -122,7 +122,7 @@ def main() -> int:
         data_dir = main_job_data(MAIN_SEGMENTS)
         if args.data == "repeats":
             data_dir = repeats_data(data_dir, args.out / f"repeats-{SHORTEST}-{LONGEST}")
-        V = TokenData(data_dir).vocab_size
+        V = open_token_data(data_dir).vocab_size
     except AndreaError as e:
         print(f"bench_induction: {e}", file=sys.stderr)
         return 2

@@ -93,11 +93,11 @@ def score_whole(checkpoint: Path, data_dir: Path, seq_len: int, nbytes: int) -> 
     import torch
 
     from andrea.checkpoint import load_model
-    from andrea.shards import TokenData
+    from andrea.shards import open_token_data
 
     model, _, _ = load_model(checkpoint)
     model.eval()
-    tokens = torch.from_numpy(TokenData(data_dir).sources["shakespeare"].val[:].astype("int64"))
+    tokens = torch.from_numpy(open_token_data(data_dir).sources["shakespeare"].val[:].astype("int64"))
     n = len(tokens) - 1  # targets: every token after the first (a BOS, never a target)
     full = n // seq_len
     nats = 0.0
@@ -158,9 +158,9 @@ def main(argv=None) -> int:
         main_dir = main_job_data(cfg.n_segments)
         if "shakespeare" in args.tasks:
             from andrea.cache import cache_root
-            from andrea.shards import TokenData
+            from andrea.shards import open_token_data
 
-            sh_dir, sh_bytes = shakespeare_data(TokenData(main_dir).load_tokenizer(), cache_root() / "bench")
+            sh_dir, sh_bytes = shakespeare_data(open_token_data(main_dir).load_tokenizer(), cache_root() / "bench")
     except AndreaError as e:
         print(f"bench_recipes: error: {e}", file=sys.stderr)
         return 2

@@ -25,7 +25,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from andrea.config import get_preset  # noqa: E402
-from andrea.shards import MANIFEST_VERSION, VERIFIED_FILE, TokenData, verify_shards, write_shard  # noqa: E402
+from andrea.shards import MANIFEST_VERSION, VERIFIED_FILE, TokenData, open_token_data, verify_shards, write_shard  # noqa: E402
 from benchmarks.common import machine_line, md_table  # noqa: E402
 
 V = get_preset("andrea-cpu").vocab_size  # the main job's
@@ -65,7 +65,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         make_folder(folder, args.tokens, args.shard_tokens)
-        data = TokenData(folder)
+        data = open_token_data(folder)  # the gate checks every shard once; the timings start from nothing
+        (folder / VERIFIED_FILE).unlink()
         size = sum(p.stat().st_size for p in folder.glob("*.tok"))
         rows = []
         for what in ("full check (first start)", "unchanged (later starts)", "full check (verified.json removed)"):

@@ -26,7 +26,7 @@ from embedding_pairs import newest_main_checkpoint
 
 from andrea.embed import load_subject
 from andrea.errors import AndreaError
-from andrea.shards import TokenData
+from andrea.shards import open_token_data
 from andrea.wordsim import LESSON_WORDS, load_wordsets, model_tables, ppmi_vectors, similarity, train_token_chunks, word_index
 
 NAMES = {"input": "model, input table (wte)", "output": "model, output head (lm_head)", "ppmi": "PPMI + SVD, same tokens"}
@@ -110,7 +110,7 @@ def main(argv=None) -> int:
         index = word_index(subject.tokenizer, V, sets)
         tables = model_tables(model)
         t0 = time.perf_counter()
-        tables["ppmi"] = ppmi_vectors(train_token_chunks(TokenData(data_dir)), V, d)
+        tables["ppmi"] = ppmi_vectors(train_token_chunks(open_token_data(data_dir)), V, d)
         ppmi_s = time.perf_counter() - t0
         report = similarity(tables, index, sets).to_dict()
     except (AndreaError, OSError, KeyError, ValueError) as e:

@@ -32,7 +32,7 @@ from andrea.errors import AndreaError
 from andrea.mainjob import MainJob, main_job_data
 from andrea.mainjob_settings import MAIN_SEGMENTS
 from andrea.prepare import prepare
-from andrea.shards import TokenData
+from andrea.shards import TokenData, open_token_data
 from andrea.tokenizer.harris import HarrisTokenizer
 from andrea.tokenizer.sample import load_training_texts
 from andrea.tokenizer.train import train_tokenizer
@@ -95,10 +95,10 @@ def main() -> int:
             trained = "the run already there"
         model, _, _ = load_model(run)
         model.eval()
-        data = TokenData(data_dir)
+        data = open_token_data(data_dir)
         results = [split_states(model, tok, data, t, log=say) for t in args.tokens]
         _, v5, _, v5_dir = main_job_data(MAIN_SEGMENTS, log=say)
-        today = [word_end_uses(v5, TokenData(v5_dir), t) for t in args.tokens]
+        today = [word_end_uses(v5, open_token_data(v5_dir), t) for t in args.tokens]
     except AndreaError as e:
         print(f"bench_split: {e}", file=sys.stderr)
         return 2

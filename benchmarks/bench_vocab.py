@@ -93,13 +93,13 @@ def scores(checkpoint: str) -> dict:
 def ppmi_scores(checkpoint: str, data: str) -> dict:
     """The PPMI reference's centred scores on the run's training tokens."""
     from andrea.checkpoint import load_model
-    from andrea.shards import TokenData
+    from andrea.shards import open_token_data
     from andrea.wordsim import load_wordsets, ppmi_vectors, similarity, train_token_chunks, word_index
 
     model, tok, _ = load_model(checkpoint)
     sets = load_wordsets()
     v, d = model.config.vocab_size, model.config.n_embd
-    vectors = ppmi_vectors(train_token_chunks(TokenData(data)), v, d)
+    vectors = ppmi_vectors(train_token_chunks(open_token_data(data)), v, d)
     index = word_index(tok, v, sets)
     standalone_index(index, checkpoint, tok)
     report = similarity({"ppmi": vectors}, index, sets, analogies=False)

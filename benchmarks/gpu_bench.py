@@ -285,9 +285,9 @@ def cmd_cli(args) -> int:
         run = Path(tmp) / "run"
         # the model's body with the shards' vocabulary (the main job's segments on the GPU too), so any
         # prepared folder does
-        from andrea.shards import TokenData
+        from andrea.shards import open_token_data
 
-        get_preset(preset).replace(vocab_size=TokenData(data).vocab_size).save(Path(tmp) / "model.json")
+        get_preset(preset).replace(vocab_size=open_token_data(data).vocab_size).save(Path(tmp) / "model.json")
         model = ["--model-config", str(Path(tmp) / "model.json")]
         train = [sys.executable, "-m", "andrea", "train", "--data", str(data), "--out", str(run), *model,
                  "--batch-size", str(batch), "--seq-len", str(seq), *limit, "--warmup-steps", "50",
@@ -295,7 +295,7 @@ def cmd_cli(args) -> int:
         t0 = time.perf_counter()
         done = subprocess.run(train, env=env, capture_output=True, text=True)
         wall = time.perf_counter() - t0
-        settings = f"{preset} (V {TokenData(data).vocab_size:,}), {batch} × {seq}, {' '.join(limit)}{', --compile' if args.compile else ''}; {data.name}"
+        settings = f"{preset} (V {open_token_data(data).vocab_size:,}), {batch} × {seq}, {' '.join(limit)}{', --compile' if args.compile else ''}; {data.name}"
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or ["no message"])[-1].replace("|", "/")
             print(f"| andrea train | {settings} | failed (exit {done.returncode}): {last} |")

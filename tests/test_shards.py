@@ -84,12 +84,14 @@ def test_validation_shards_are_checked_before_the_first_step(text_data, text_mod
     tokens[5] = TokenData(text_data).vocab_size + 3
     write_shard(val, tokens)
     code, _, err = cli(capsys, *text_train_args(data, text_model_json, tmp_path / "r1"))
-    assert "validation shard of text holds ids >= V" in one_sentence(code, err)
+    assert f"shard {val} holds token id {TokenData(text_data).vocab_size + 3:,}, but V" in one_sentence(code, err)
     assert not (tmp_path / "r1" / "metrics.jsonl").exists()  # refused before any step
     # too short for one window of seq_len + 1
+    tokens[5] = 0
     write_shard(val, tokens[:10])
     manifest = json.loads((data / "manifest.json").read_text())
     manifest["sources"]["text"]["val"]["tokens"] = manifest["sources"]["text"]["val"]["shards"][0]["tokens"] = 10
+    manifest["sources"]["text"]["val"]["shards"][0]["sha256"] = hashlib.sha256(tokens[:10].astype("<u2").tobytes()).hexdigest()
     (data / "manifest.json").write_text(json.dumps(manifest))
     code, _, err = cli(capsys, *text_train_args(data, text_model_json, tmp_path / "r2"))
     assert "no validation shard of one window of 17 tokens (10 tokens in all)" in one_sentence(code, err)
@@ -183,3 +185,130 @@ def test_a_record_that_cannot_be_written_means_a_full_check_at_every_start(prepa
     for run in ("r1", "r2"):
         code, out, err = cli(capsys, *root_train_args(prepared_root, tmp_path / run, data=data))
         assert code == 0 and "shards: 2 checked in full" in out, err
+
+
+# ---------------------------------------------------------------- the one gate: every reader, the same damage
+
+
+def _ids_beyond_v(data):
+    """A training shard holding id V + 3, its manifest entry (SHA-256, largest id) made to match:
+    only the id check can tell."""
+    shard = data / "text.train.00000.tok"
+    tokens = np.fromfile(shard, dtype="<u2", offset=HEADER.size).copy()
+    manifest = json.loads((data / "manifest.json").read_text())
+    tokens[7] = manifest["vocab_size"] + 3
+    write_shard(shard, tokens)
+    entry = manifest["sources"]["text"]["train"]["shards"][0]
+    entry["sha256"], entry["max_id"] = hashlib.sha256(tokens.astype("<u2").tobytes()).hexdigest(), int(tokens.max())
+    (data / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _another_tokenizer(data):
+    manifest = json.loads((data / "manifest.json").read_text())
+    manifest["tokenizer"] = "0" * 64
+    (data / "manifest.json").write_text(json.dumps(manifest))
+
+
+DAMAGE = {  # damage -> what every reader's sentence says
+    "an id beyond V": (_ids_beyond_v, "holds token id|holds ids >= V"),
+    "a shard changed": (lambda data: swap_two_ids(data / "text.val.00000.tok"), "no longer holds the tokens"),
+    "another tokenizer": (_another_tokenizer, "another tokenizer|not the tokenizer these shards were made with"),
+}
+
+
+def _lesson_cli(*walk):
+    def drive(capsys, run, data, out, model_json):
+        code, printed, err = cli(capsys, "lesson", *walk, "--checkpoint", run, "--json", *(["--no-ppmi"] if not walk else []))
+        assert code == 0, err
+        return " ".join(s.get("why") or "" for s in json.loads(printed)["steps"])
+    return drive
+
+
+def _cli_refusal(*args):
+    def drive(capsys, run, data, out, model_json):
+        return one_sentence(*cli(capsys, *[str(a).format(run=run, data=data, out=out) for a in args])[::2])
+    return drive
+
+
+def _lab(view):
+    def drive(capsys, run, data, out, model_json):
+        from andrea.embed import load_subject
+        from andrea.web.http import Fields, RequestError
+        from andrea.web.lab import LabViews
+
+        views = LabViews(load_subject(run))
+        if view in ("usage", "words"):
+            found, why = getattr(views, view)()
+            assert found is None
+            return why
+        if view == "layers":
+            with pytest.raises(RequestError) as e:
+                views.layers(Fields({}, {"uses", "ppmi"}))
+            return str(e.value)
+        steps = getattr(views, view)(Fields({}, set()))["steps"]
+        return " ".join(s.get("why") or "" for s in steps)
+    return drive
+
+
+READ_BY = {  # TOKEN_DATA_READERS, each driven as a user meets it
+    "andrea train": lambda capsys, run, data, out, model_json: one_sentence(
+        *cli(capsys, *text_train_args(data, model_json, out))[::2]),
+    "andrea lesson": _lesson_cli(),
+    "andrea lesson attention": _lesson_cli("attention"),
+    "andrea lesson block": _lesson_cli("block"),
+    "andrea embed similarity --ppmi": _cli_refusal("embed", "similarity", "--checkpoint", "{run}", "--ppmi", "--data", "{data}"),
+    "andrea embed similarity --layer": _cli_refusal("embed", "similarity", "--checkpoint", "{run}", "--layer", "1"),
+    "andrea embed split": _cli_refusal("embed", "split", "the", "--checkpoint", "{run}"),
+    "lab usage": _lab("usage"),
+    "lab words": _lab("words"),
+    "lab layers": _lab("layers"),
+    "lab lesson": _lab("lesson"),
+    "lab lesson attention": _lab("lesson_attention"),
+    "lab lesson block": _lab("lesson_block"),
+    "andrea experiment positions": _cli_refusal("experiment", "positions", "--data", "{data}", "--out", "{out}",
+                                                "--steps", "1", "--no-progress"),
+    "andrea experiment sparse-updates": _cli_refusal("experiment", "sparse-updates", "--data", "{data}", "--out", "{out}",
+                                                     "--steps", "1"),
+}
+
+
+def test_every_reader_of_token_data_is_driven_here_and_opens_it_only_through_the_gate():
+    """The list kept beside the gate is the list this file drives; and no module of andrea or of
+    the benchmarks opens a data folder any other way than `open_token_data`."""
+    import re
+    from pathlib import Path
+
+    from andrea.shards import TOKEN_DATA_READERS
+
+    assert set(READ_BY) == set(TOKEN_DATA_READERS)
+    root = Path(__file__).resolve().parent.parent
+    elsewhere = [f"{p.relative_to(root)}:{n}" for folder in ("andrea", "benchmarks") for p in sorted((root / folder).rglob("*.py"))
+                 for n, line in enumerate(p.read_text().splitlines(), 1)
+                 if re.search(r"\bTokenData\(", line) and not (p.name == "shards.py" and p.parent.name == "andrea")]
+    assert elsewhere == []
+    gate = (root / "andrea" / "shards.py").read_text()
+    assert gate.count("TokenData(") == 1  # in open_token_data
+
+
+@pytest.mark.hostile
+@pytest.mark.parametrize("damage", list(DAMAGE))
+def test_every_reader_of_token_data_refuses_the_same_damage_in_one_sentence(text_data, text_model_json, text_run,
+                                                                           tmp_path, capsys, damage, wordsets):
+    """One run whose train.json names a damaged copy of its data: every reader (training, the three
+    lessons, the per-layer vectors, PPMI, split, the lab's views, the experiments) refuses it with
+    the gate's sentence, or says the steps that need it cannot be checked, and why: no verdict,
+    view or figure is computed from tokens the model was not trained on, and no traceback."""
+    import re
+
+    change, said = DAMAGE[damage]
+    data = damaged_data(text_data, tmp_path)
+    (data / "verified.json").unlink(missing_ok=True)
+    change(data)
+    run = tmp_path / "run"
+    shutil.copytree(text_run, run)
+    recorded = json.loads((run / "train.json").read_text())
+    recorded["data"] = str(data)
+    (run / "train.json").write_text(json.dumps(recorded))
+    for reader, drive in READ_BY.items():
+        line = drive(capsys, run, data, tmp_path / f"out-{len(reader)}-{reader.split()[-1]}", text_model_json)
+        assert re.search(said, line), (reader, line)

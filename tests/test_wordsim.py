@@ -323,4 +323,4 @@ def test_ppmi_from_shards_of_another_tokenizer_is_refused(data_dir, tmp_path, ca
     tok = str(data_dir / "tokenizer")
     code = main(["embed", "similarity", "--preset", "andrea-tiny", "--tokenizer", tok, "--ppmi", "--data", str(tmp_path / "other")])
     err = capsys.readouterr().err
-    assert code == 2 and "made by another tokenizer" in err and "Traceback" not in err
+    assert code == 2 and "prepared with another tokenizer" in err and "Traceback" not in err

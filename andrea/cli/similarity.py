@@ -19,15 +19,16 @@ def _rho(s: dict) -> str:
     return f"{s['rho']:+.3f} ± {s['null']:.3f} (n {s['n']:>4})"
 
 
-def _run_data(args, purpose: str = "for the PPMI reference"):
-    """--data, else the data folder the run recorded in its train.json (andrea.usage.run_data)."""
+def _run_data(args, tokenizer, purpose: str = "for the PPMI reference"):
+    """--data, else the data folder the run recorded in its train.json (andrea.usage.run_data),
+    either opened through the one gate with the model's tokenizer (andrea.shards.open_token_data)."""
     from andrea.errors import AndreaError
-    from andrea.shards import TokenData
+    from andrea.shards import open_token_data
     from andrea.usage import run_data
 
     if args.data:
-        return TokenData(args.data)
-    data, why = run_data(args.checkpoint)
+        return open_token_data(args.data, tokenizer)
+    data, why = run_data(args.checkpoint, tokenizer)
     if data is None:
         raise AndreaError(f"{why}; give --data DIR {purpose}.")
     return data
@@ -54,10 +55,7 @@ def cmd_similarity(args) -> int:
         return _layers(args, model, tok, sets)
     tables = model_tables(model)
     if args.ppmi:
-        data = _run_data(args)
-        if data.vocab_size != V or (hasattr(tok, "fingerprint") and data.manifest["tokenizer"] != tok.fingerprint()):
-            raise AndreaError(f"the shards in {data.dir} were made by another tokenizer than this model's (V = "
-                              f"{data.vocab_size:,} there, {V:,} here): PPMI must count the model's own tokens.")
+        data = _run_data(args, tok)
         tables["ppmi"] = ppmi_vectors(train_token_chunks(data), V, d)
     report = similarity(tables, index, sets, analogies=not args.no_analogies).to_dict()
     report["model"] = subject.name
@@ -89,7 +87,7 @@ def _layers(args, model, tok, sets) -> int:
         raise AndreaError("--layer averages a word's hidden states over its uses in training text: give a run's "
                           "--checkpoint, or --data DIR.")
     log = None if args.json else (lambda m: print(m, file=sys.stderr))
-    r = score_layers(model, tok, _run_data(args, "to average the words' uses from"), sets, uses, context, args.ppmi, log=log)
+    r = score_layers(model, tok, _run_data(args, tok, "to average the words' uses from"), sets, uses, context, args.ppmi, log=log)
     if args.layer != "all":
         keep = f"block {int(args.layer)}"
         for part in r["sets"].values():
@@ -125,7 +123,7 @@ def cmd_split(args) -> int:
     context = CONTEXT if args.context is None else args.context
     if context < 2:
         raise AndreaError(f"--context must be at least 2; got {context}.")
-    data = _run_data(args, "to read the token's uses from")
+    data = _run_data(args, tok, "to read the token's uses from")
     log = None if args.json else (lambda m: print(m, file=sys.stderr))
     r = split_states(model, tok, data, token, per_word, words, context, log=log)
     r["model"] = subject.name

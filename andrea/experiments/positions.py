@@ -41,7 +41,7 @@ from andrea.config import ModelConfig, get_preset
 from andrea.errors import AndreaError
 from andrea.evaluate import bits_per_byte, token_byte_lengths
 from andrea.plots import pyplot, save_figure
-from andrea.shards import TokenData
+from andrea.shards import open_token_data
 from andrea.train import train
 from andrea.trainconfig import MAX_BATCH, MAX_INT, TrainConfig
 from andrea.validate import check_seed
@@ -158,7 +158,7 @@ def measure(model, windows: dict, seq_len: int, byte_len: torch.Tensor) -> dict:
 def run_positions_experiment(exp: PositionsExperiment, log=print, progress: bool = True) -> dict:
 
     exp.check()
-    data = TokenData(exp.data_dir)
+    data = open_token_data(exp.data_dir)
     tokenizer = data.load_tokenizer()
     V = data.vocab_size
     out = Path(exp.out_dir)

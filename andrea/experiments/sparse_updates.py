@@ -47,7 +47,7 @@ from andrea.files import atomic_write_bytes
 from andrea.model import ANDREA
 from andrea.optim import make_optimizer
 from andrea.plots import pyplot, save_figure
-from andrea.shards import TokenData
+from andrea.shards import open_token_data
 from andrea.tokenizer.train import train_tokenizer
 from andrea.validate import check_seed
 
@@ -105,7 +105,7 @@ def make_batches(exp: SparseUpdatesExperiment) -> tuple[list, int, str]:
     B, T = exp.batch_size, exp.seq_len
     if exp.data_dir is not None:
 
-        data = TokenData(exp.data_dir)
+        data = open_token_data(exp.data_dir)
         data.check_context(T)
         names, shares = data.names, np.array(list(data.token_share().values()))
         batches = []

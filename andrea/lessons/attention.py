@@ -92,7 +92,7 @@ def load_inputs(checkpoint, log=None) -> Inputs:
 
 
 def inputs_for(model, tokenizer, name: str, checkpoint) -> Inputs:
-    data, note = run_data(checkpoint, model.config.vocab_size)
+    data, note = run_data(checkpoint, tokenizer)
     return Inputs(model, tokenizer, name, data, note)
 
 

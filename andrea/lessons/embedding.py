@@ -464,7 +464,7 @@ def inputs_for(model, tokenizer, name: str, checkpoint, ppmi: bool = True, sets=
 
 def _attach_data(inp: Inputs, checkpoint, log) -> None:
     """The run's training data and how its tokens are used (andrea.usage), or the note saying why not."""
-    inp.data, inp.usage_note = run_data(checkpoint, inp.model.config.vocab_size)
+    inp.data, inp.usage_note = run_data(checkpoint, inp.tokenizer)
     if inp.data is None:
         return
     try:

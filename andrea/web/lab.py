@@ -121,7 +121,7 @@ class LabViews:
         its usage is known (the same data, prepared with this tokenizer): (figures or None, why not)."""
         if not hasattr(self, "_words"):
             usage, why = self.usage()
-            data, why = run_data(self.subject.checkpoint, self.tok.vocab_size) if usage is not None else (None, why)
+            data, why = run_data(self.subject.checkpoint, self.tok) if usage is not None else (None, why)
             if data is not None:
                 _log(f"counting the words of {data.dir}'s training text for purity and coverage")
             self._words = (word_tokens(self.tok, data_word_counts(data, self.tok)), "") if data is not None else (None, why)
@@ -221,7 +221,7 @@ class LabViews:
         """Word vectors from the blocks scored per block beside the tables, once per (uses, ppmi)."""
         uses, ppmi = f.integer("uses", context_vectors.USES, 1, MAX_USES), f.flag("ppmi")
         if (uses, ppmi) not in self._layers:
-            data, why = run_data(self.subject.checkpoint, self.cfg.vocab_size)
+            data, why = run_data(self.subject.checkpoint, self.tok)
             if data is None:
                 raise RequestError(f"word vectors from the blocks are a word's hidden states averaged over its uses in "
                                    f"the run's training text, and that is not known here: {why}.")
