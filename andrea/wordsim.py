@@ -5,9 +5,12 @@ pairs rated for relatedness) are scored by Spearman's ρ between the people's ra
 of the two words' vectors; the Google analogy set (19,544 questions "a is to b as c is to d") by
 3CosAdd accuracy. The three files come from one pinned package on PyPI, gensim 4.4.0's wheel for
 CPython 3.11 on manylinux 2.28 (it ships them as test data; nothing of gensim is installed or run),
-fetched once with pip into `~/.cache/andrea/wordsets` (or `$ANDREA_CACHE`), SHA-256 checked. The
-record kept beside them (meta.json) holds each file's size and SHA-256, and every read checks
-both, so a file changed in place, even to the same size, is named and fetched again.
+fetched once with pip into `~/.cache/andrea/wordsets` (or `$ANDREA_CACHE`), SHA-256 checked. Each
+file's size and SHA-256 are pinned here, in the code (WORDSET_FILES_PINNED), and every read checks
+both against them, so a file changed in place, even to the same size, is named and fetched again,
+whatever the record kept beside them (meta.json, for people) says. Sets of your own in the same
+formats (another language, a subset) are read from the folder `$ANDREA_WORDSETS` names, instead of
+the fetched ones: checked by kind, size bound and format only, since nothing pins them.
 
 A word's vector. Words are looked up in their word-initial form, " cat", as they occur inside
 running text. A word that is one token has that token's row; any other word the mean of its
@@ -50,8 +53,7 @@ from andrea.cache import wordsets_dir
 from andrea.config import BOS
 from andrea.embed import table
 from andrea.errors import AndreaError
-from andrea.files import check_regular, read_json, utf8_text
-from andrea.validate import is_int
+from andrea.files import check_regular, utf8_text
 from andrea.vectors import cosine, unit_rows, whole_word_mask
 
 WORDSETS_PIP = ["gensim==4.4.0", "--platform", "manylinux_2_28_x86_64", "--python-version", "3.11",
@@ -60,6 +62,13 @@ WORDSETS_WHEEL = "gensim-4.4.0-cp311-cp311-manylinux_2_24_x86_64.manylinux_2_28_
 WORDSETS_SHA256 = "91a7fa5e814e7b1bad4b2dffa8d62c1e55410d5cbdf930714c1997ffb4404db8"
 WORDSETS_LICENCE = "LGPL-2.1 (gensim); SimLex-999 and WordSim-353 free for research, the analogy set Apache-2.0"
 WORDSET_FILES = {"simlex999": "simlex999.txt", "wordsim353": "wordsim353.tsv", "analogies": "questions-words.txt"}
+# (size, SHA-256) of each file as the pinned wheel holds it: what a read of the fetched sets checks
+WORDSET_FILES_PINNED = {
+    "simlex999.txt": (18_126, "d5e0501971478a511430ee880bd0121e94ac701ba86d90544d83e6d2ba3db05d"),
+    "wordsim353.tsv": (7_186, "f92a022fc2537793a15bc3a8c162ebcd74990e033a228bb6388cb71e4c0b1e1d"),
+    "questions-words.txt": (603_955, "8c29b3332afc46f3fb8be04cb5297bf96f39aa7131272dff57869b4485b22a36"),
+}
+OWN_WORDSETS = "ANDREA_WORDSETS"  # the environment variable naming a folder of sets of one's own
 PAIR_SETS = ("simlex999", "wordsim353")
 # The lesson's words, defined here once: the lab (its Compare and Growth views get them from the
 # server), the lesson, the similarity report and the training log all read them from here.
@@ -117,6 +126,10 @@ def extract_wordsets(wheel: Path, staging: Path) -> None:
         raise AndreaError(f"{Path(wheel).name} is not the wheel expected ({e}).") from None
     sizes = {file: (staging / file).stat().st_size for file in WORDSET_FILES.values()}
     digests = {file: hashlib.sha256((staging / file).read_bytes()).hexdigest() for file in WORDSET_FILES.values()}
+    wrong = [file for file in WORDSET_FILES.values() if (sizes[file], digests[file]) != WORDSET_FILES_PINNED[file]]
+    if wrong:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise AndreaError(f"{Path(wheel).name} holds a {wrong[0]} other than the pinned one; refusing to use it.")
     meta = {"package": WORDSETS_WHEEL, "sha256": digest, "licence": WORDSETS_LICENCE, "files": WORDSET_FILES,
             "sizes": sizes, "file_sha256": digests}
     (staging / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
@@ -126,9 +139,8 @@ MAX_WORDSET_BYTES = 4 << 20  # the largest of the three files is about 600 KB
 
 
 def _wordset_text(path: Path, size: int | None, digest: str | None = None) -> str:
-    """One set's file as text: a regular file, of the size and SHA-256 recorded at fetch, at most
-    MAX_WORDSET_BYTES, UTF-8; else one sentence naming it (a record from before digests were kept
-    is checked by size)."""
+    """One set's file as text: a regular file, at most MAX_WORDSET_BYTES, of the pinned size and
+    SHA-256 where they are given (the fetched sets), UTF-8; else one sentence naming it."""
     check_regular(path, "the word-set file")
     actual = path.stat().st_size
     if actual > MAX_WORDSET_BYTES:
@@ -143,20 +155,6 @@ def _wordset_text(path: Path, size: int | None, digest: str | None = None) -> st
         raise AndreaError(f"{path} no longer holds the bytes it was fetched with (its SHA-256 differs): it is damaged; "
                           f"run `andrea data fetch wordsets` again.")
     return utf8_text(raw, str(path), "run `andrea data fetch wordsets` again")
-
-
-def _recorded(root: Path) -> tuple[dict, dict]:
-    """(sizes, SHA-256 digests) meta.json recorded at fetch, by file (an older record has none of
-    one or both: what it lacks is not checked)."""
-    try:
-        meta = read_json(root / "meta.json", "the word sets' record")
-    except AndreaError:
-        return {}, {}
-    meta = meta if isinstance(meta, dict) else {}
-    sizes, digests = meta.get("sizes"), meta.get("file_sha256")
-    sizes = {k: v for k, v in sizes.items() if is_int(v)} if isinstance(sizes, dict) else {}
-    digests = {k: v for k, v in digests.items() if isinstance(v, str)} if isinstance(digests, dict) else {}
-    return sizes, digests
 
 
 def wordsets_problem(root: Path | None = None) -> str | None:
@@ -204,16 +202,32 @@ def parse_analogies(text: str, where: str) -> list[tuple[str, str, str, str]]:
     return questions
 
 
-def load_wordsets(path: Path | None = None) -> WordSets:
-    """The three sets from the cache (or a folder holding the same files)."""
-    root = Path(path) if path else wordsets_dir()
-    if not (root / "meta.json").exists() and path is None:
+def own_wordsets() -> Path | None:
+    """The folder of sets of one's own that $ANDREA_WORDSETS names, or None."""
+    import os
+
+    named = os.environ.get(OWN_WORDSETS, "")
+    return Path(named) if named else None
+
+
+def load_wordsets(path: Path | None = None, own: bool = False) -> WordSets:
+    """The three sets: the fetched ones in the cache (or in `path`, laid out the same way), each
+    file checked against its pinned size and SHA-256; or sets of one's own, checked by format
+    only: those in the folder $ANDREA_WORDSETS names, where no path is given, or in `path` with
+    `own`."""
+    own = (Path(path) if own else own_wordsets()) if path is None or own else None
+    root = own or (Path(path) if path else wordsets_dir())
+    if own is not None and not own.is_dir():
+        raise AndreaError(f"${OWN_WORDSETS} names {own}, which is not a folder of word sets.")
+    if own is None and not (root / "meta.json").exists() and path is None:
         raise AndreaError("the word-similarity sets are not fetched yet; run `andrea data fetch wordsets` first.")
-    texts, (sizes, digests) = {}, _recorded(root)
+    texts = {}
     for name, file in WORDSET_FILES.items():
         if not (root / file).exists() and not (root / file).is_symlink():
-            raise AndreaError(f"{root / file} is missing; run `andrea data fetch wordsets` again.")
-        texts[name] = _wordset_text(root / file, sizes.get(file), digests.get(file))
+            raise AndreaError(f"{root / file} is missing; " + (f"put the three files in {root}." if own else
+                                                                 "run `andrea data fetch wordsets` again."))
+        size, digest = (None, None) if own else WORDSET_FILES_PINNED[file]
+        texts[name] = _wordset_text(root / file, size, digest)
     pairs = {name: parse_pairs(texts[name], str(root / WORDSET_FILES[name])) for name in PAIR_SETS}
     return WordSets(pairs, parse_analogies(texts["analogies"], str(root / WORDSET_FILES["analogies"])))
 
@@ -225,7 +239,7 @@ def try_load_wordsets(log=None) -> WordSets | None:
     try:
         return load_wordsets()
     except AndreaError as e:
-        if log is not None and (wordsets_dir() / "meta.json").exists():
+        if log is not None and (own_wordsets() is not None or (wordsets_dir() / "meta.json").exists()):
             log(f"note: going on without the word-similarity scores: {str(e).rstrip('.')}")
         return None
 

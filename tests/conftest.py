@@ -166,6 +166,7 @@ def growth_run(tmp_path_factory):
     write_tiny_wordsets(cache)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("ANDREA_CACHE", str(cache))
+        mp.setenv("ANDREA_WORDSETS", str(cache / "wordsets"))  # sets of one's own: the fetched ones are pinned
         run = train_tiny_run(root)
     return run, cache
 
@@ -278,6 +279,7 @@ def wordsets(tmp_path, monkeypatch):
     (root / "wordsim353.tsv").write_text("# h\ncat\tdog\t8\ncat\tmat\t2\nkings\tqueens\t9\nowner\tpet\t6\n")
     (root / "questions-words.txt").write_text(": s\nkings queens cat dog\n")
     monkeypatch.setenv("ANDREA_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("ANDREA_WORDSETS", str(root))
 
 
 # ---------------------------------------------------------------- a model that learned to look back (the lessons)

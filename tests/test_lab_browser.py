@@ -58,6 +58,7 @@ def growth_url(growth_run, growth_subject):
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("ANDREA_CACHE", str(growth_run[1]))
+        mp.setenv("ANDREA_WORDSETS", str(growth_run[1] / "wordsets"))
         server = LabServer(growth_subject, "127.0.0.1", 0)
     yield server.start()
     server.stop()

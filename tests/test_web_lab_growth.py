@@ -46,6 +46,7 @@ def timeline(run, subject):
 def client(growth_run, subject):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("ANDREA_CACHE", str(growth_run[1]))
+        mp.setenv("ANDREA_WORDSETS", str(growth_run[1] / "wordsets"))
         app = create_app(subject)
     with TestClient(app, raise_server_exceptions=False) as c:
         yield c
@@ -78,7 +79,7 @@ def test_endpoints_return_what_the_timeline_computes(client, growth_run, timelin
     raw = pair_series(timeline, [("kings", "queens")], "output", centre=False)
     assert code == 200 and r == jsonish(raw) and all(v is not None for v in r["mean_cos"])
     code, r = post(client, "/api/growth/rho", {"centred": False})
-    sets = load_wordsets(growth_run[1] / "wordsets")
+    sets = load_wordsets(growth_run[1] / "wordsets", own=True)
     assert code == 200 and r == {"fetched": True, **jsonish(rho_series(timeline, sets, "input", centre=False))}
     assert r["sets"]["simlex999"]["n"] == 8 and r["sets"]["wordsim353"]["n"] == 6
     words = ["cat", "dog", "mat", "kings", "queens", "Tuesday"]
@@ -92,7 +93,7 @@ def test_rho_series_is_the_cosine_of_each_pairs_mean_rows(growth_run, timeline):
     """rho_series (vectorised) against ρ computed pair by pair from the full snapshot matrices."""
     from andrea.wordsim import PAIR_SETS, spearman
 
-    sets = load_wordsets(growth_run[1] / "wordsets")
+    sets = load_wordsets(growth_run[1] / "wordsets", own=True)
     index = timeline.index((), sets)
     for centre in (True, False):
         got = rho_series(timeline, sets, "output", centre)
@@ -161,8 +162,8 @@ def test_the_layers_view_scores_what_the_library_scores(client, growth_run, subj
 
     code, r = post(client, "/api/layers", {"uses": 4})
     assert code == 200
-    data, _ = run_data(growth_run[0], subject.model.config.vocab_size)
-    want = score_layers(subject.model, subject.tokenizer, data, load_wordsets(growth_run[1] / "wordsets"), 4)
+    data, _ = run_data(growth_run[0], subject.tokenizer)
+    want = score_layers(subject.model, subject.tokenizer, data, load_wordsets(growth_run[1] / "wordsets", own=True), 4)
     assert r == jsonish(want) and r["uses"] == 4 and r["blocks"] == subject.model.config.n_layer
     for part in r["sets"].values():
         blocks = [k for k in part["scores"] if k.startswith("block")]

@@ -4,6 +4,7 @@ the exact mean cosine against brute force, 3CosAdd on planted analogies, PPMI by
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import zipfile
 from pathlib import Path
@@ -183,6 +184,12 @@ def fake_wheel(path, files: dict[str, str]):
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def pin(monkeypatch, files: dict[str, str]) -> None:
+    """Pin these texts as the fetched sets' files (what WORDSET_FILES_PINNED holds for the real wheel)."""
+    monkeypatch.setattr(wordsim, "WORDSET_FILES_PINNED", {name: (len(text.encode()), hashlib.sha256(text.encode()).hexdigest())
+                                                          for name, text in files.items()})
+
+
 def test_the_wheel_is_checked_and_nothing_half_written_is_left(tmp_path, monkeypatch):
     files = {"simlex999.txt": "a\tb\t1\nc\td\t2\n", "wordsim353.tsv": "a\tc\t3\n", "questions-words.txt": ": s\na b c d\n"}
     digest = fake_wheel(tmp_path / "g.whl", files)
@@ -190,6 +197,10 @@ def test_the_wheel_is_checked_and_nothing_half_written_is_left(tmp_path, monkeyp
         wordsim.extract_wordsets(tmp_path / "g.whl", tmp_path / "staging")
     assert not (tmp_path / "staging").exists()
     monkeypatch.setattr(wordsim, "WORDSETS_SHA256", digest)
+    with pytest.raises(AndreaError, match="other than the pinned one"):  # its files are not the pinned ones
+        wordsim.extract_wordsets(tmp_path / "g.whl", tmp_path / "sets")
+    assert not (tmp_path / "sets").exists()
+    pin(monkeypatch, files)
     wordsim.extract_wordsets(tmp_path / "g.whl", tmp_path / "sets")
     sets = wordsim.load_wordsets(tmp_path / "sets")
     assert sets.pairs["simlex999"] == [("a", "b", 1.0), ("c", "d", 2.0)] and sets.analogies == [("a", "b", "c", "d")]
@@ -243,7 +254,7 @@ def test_pairs_of_words_that_stand_alone_are_scored_apart_when_usage_is_known():
 
 
 @pytest.mark.hostile
-@pytest.mark.parametrize("damage", ["fifo", "dev-zero", "not-utf8", "resized", "huge", "same-size"])
+@pytest.mark.parametrize("damage", ["fifo", "dev-zero", "not-utf8", "resized", "huge", "same-size", "same-size, record emptied", "same-size, record forged"])
 def test_a_damaged_word_set_cache_is_named_listed_and_fetched_again(tmp_path, monkeypatch, capsys, damage):
     """Each file of the fetched sets is checked as a fetched source is: a regular file, of the size
     and SHA-256 recorded at fetch, bounded, UTF-8. A damaged one is one sentence naming it; `andrea data list`
@@ -256,12 +267,12 @@ def test_a_damaged_word_set_cache_is_named_listed_and_fetched_again(tmp_path, mo
 
     cache = tmp_path / "cache"
     monkeypatch.setenv("ANDREA_CACHE", str(cache))
+    monkeypatch.delenv("ANDREA_WORDSETS", raising=False)
     wheel = tmp_path / "w.whl"
-    with zipfile.ZipFile(wheel, "w") as z:
-        z.writestr("gensim/test/test_data/simlex999.txt", "# h\ncat\tdog\t8\ncat\tmat\t2\nking\tqueen\t7\n")
-        z.writestr("gensim/test/test_data/wordsim353.tsv", "# h\ncat\tdog\t8\ncat\tmat\t2\nking\tqueen\t9\n")
-        z.writestr("gensim/test/test_data/questions-words.txt", ": s\nking queen cat dog\n")
-    monkeypatch.setattr("andrea.wordsim.WORDSETS_SHA256", hashlib.sha256(wheel.read_bytes()).hexdigest())
+    files = {"simlex999.txt": "# h\ncat\tdog\t8\ncat\tmat\t2\nking\tqueen\t7\n",
+             "wordsim353.tsv": "# h\ncat\tdog\t8\ncat\tmat\t2\nking\tqueen\t9\n", "questions-words.txt": ": s\nking queen cat dog\n"}
+    monkeypatch.setattr("andrea.wordsim.WORDSETS_SHA256", fake_wheel(wheel, files))
+    pin(monkeypatch, files)
     root = cache / "wordsets"
     extract_wordsets(wheel, root)
     target = root / "simlex999.txt"
@@ -275,10 +286,16 @@ def test_a_damaged_word_set_cache_is_named_listed_and_fetched_again(tmp_path, mo
         target.write_bytes(b"# h\ncaf\xe9\tdog\t8\nking\tqueen\t7\n")
     elif damage == "resized":
         target.write_text("# h\ncat\tdog\t8\n")
-    elif damage == "same-size":  # other ratings in as many bytes: only the recorded SHA-256 tells
+    elif damage.startswith("same-size"):  # other ratings in as many bytes: only the pinned SHA-256 tells
         before = target.read_bytes()
         target.write_bytes(before.replace(b"dog\t8", b"dog\t1"))
         assert target.stat().st_size == len(before) and target.read_bytes() != before
+        meta = json.loads((root / "meta.json").read_text())  # the record is for people: it turns no check off
+        if damage.endswith("emptied"):
+            meta = {}
+        elif damage.endswith("forged"):
+            meta["file_sha256"]["simlex999.txt"] = hashlib.sha256(target.read_bytes()).hexdigest()
+        (root / "meta.json").write_text(json.dumps(meta))
     else:
         with open(target, "wb") as f:
             f.truncate(MAX_WORDSET_BYTES + 1)
@@ -317,6 +334,7 @@ def test_ppmi_from_shards_of_another_tokenizer_is_refused(data_dir, tmp_path, ca
     (root / "wordsim353.tsv").write_text("# h\ncat\tdog\t8\ncat\tmat\t2\nking\tqueen\t9\n")
     (root / "questions-words.txt").write_text(": s\nking queen cat dog\n")
     monkeypatch.setenv("ANDREA_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("ANDREA_WORDSETS", str(root))
     (tmp_path / "a.txt").write_text(" the cat sat.\n\n" * 3000)
     prepare(HarrisTokenizer([" the", " cat"]), [str(tmp_path / "a.txt")], tmp_path / "other", log=lambda *a: None,
             progress=False)
