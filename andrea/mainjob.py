@@ -161,7 +161,10 @@ def prepared_tokenizer(n_segments: int, names: list[str], log=print):
     folder = tokenizer_folder(n_segments, names)
     if (folder / "harris_segments.json").exists():
         try:
-            return HarrisTokenizer.load(folder), folder
+            tok = HarrisTokenizer.load(folder)
+            if tok.vocab_size != n_segments + N_SPECIAL:  # whole, but not what this folder's name promises
+                raise AndreaError(f"{folder} holds {tok.vocab_size - N_SPECIAL:,} segments, not {n_segments:,}")
+            return tok, folder
         except (AndreaError, OSError, ValueError) as e:  # damaged: fitted again, what was there set aside
             log(f"note: fitting the tokenizer again ({str(e).rstrip('.')})")
             set_aside_strays(folder, log, everything=True)

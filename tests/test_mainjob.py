@@ -212,4 +212,11 @@ def test_a_folder_where_a_shard_belongs_or_a_damaged_tokenizer_is_rebuilt_and_no
     assert where_again == where and again.fingerprint() == fitted.fingerprint()
     assert any(line.startswith("note: fitting the tokenizer again") for line in lines), lines
     assert list(where.glob("harris_segments.json.set-aside-*"))[0].read_text() == "{not json"
+    # a whole tokenizer, but of fewer segments than the folder's name promises: fitted again too
+    from andrea.tokenizer.harris import HarrisTokenizer
+
+    HarrisTokenizer([" the", " cat", " sat"]).save(where)
+    third, _ = mainjob.prepared_tokenizer(5, ["a"], log=lines.append)
+    assert third.fingerprint() == fitted.fingerprint()
+    assert any(line.startswith("note: fitting the tokenizer again") and line.endswith("holds 3 segments, not 5)") for line in lines)
 
