@@ -377,10 +377,20 @@ def json_lines(f, where: str, cap: int = MAX_JSON_LINE):
 MAX_JSON_BYTES = 64 << 20  # andrea's own JSON files: the largest, a tokenizer's, is well under 1 MB
 
 
-def read_json(path, what: str = "file", limit: int = MAX_JSON_BYTES):
+# The files andrea writes and reads again whose shape is declared beside their reader (read_json's
+# `shape`); tests/test_files.py drives each reader through the same damaged values. The other JSON
+# files have a checking reader of their own, named in docs/guarantees.md.
+SHAPED_FILES = (
+    "processor.json (andrea.processor)", "verified.json (andrea.shards)", "prepare-progress.json (andrea.prepare)",
+    "train.json (andrea.usage.run_data)",
+)
+
+
+def read_json(path, what: str = "file", limit: int = MAX_JSON_BYTES, shape=None):
     """The JSON value in a file, or an AndreaError that names `what`, the path and the problem. A
     file over `limit` bytes is refused by its size (fstat, before a byte is read), so a huge or
-    sparse file costs no memory."""
+    sparse file costs no memory. With `shape` (an `andrea.validate.Shape`, declared beside the
+    reader), the value must have it: every field of its type, in its range and finite."""
     path = Path(path)
     if path.exists() and not path.is_dir():
         check_regular(path, what)
@@ -401,7 +411,12 @@ def read_json(path, what: str = "file", limit: int = MAX_JSON_BYTES):
         raise AndreaError(f"{what} {path} cannot be read (permission denied).") from None
     except OSError as e:
         raise AndreaError(f"{what} {path} cannot be read ({e.strerror}).") from None
-    return parse_json(data, f"{what} {path}")
+    value = parse_json(data, f"{what} {path}")
+    if shape is not None:
+        from andrea.validate import check_shape
+
+        check_shape(value, shape, f"{what} {path}")
+    return value
 
 
 class FolderLock:

@@ -47,7 +47,7 @@ from andrea.shards import (
     open_shard,
     write_shard,
 )
-from andrea.validate import is_int
+from andrea.validate import Shape, is_int, same_json
 
 SHARD_TOKENS = 100_000_000  # training tokens per shard (a 200 MB file), by default
 MIN_SHARD_TOKENS, MAX_SHARD_TOKENS = 1_000, 2**40  # the shard size prepare accepts
@@ -153,17 +153,29 @@ def _settings(tokenizer, text_field, val_share, shard_tokens) -> dict:
             "val_share": val_share, "shard_tokens": shard_tokens, "reader": [CHUNK_BYTES, DOC_BYTES, PIECE_BYTES]}
 
 
+def _progress_shape():
+    """prepare-progress.json's declared shape: each source's parts, every count an integer."""
+    count = Shape.integer(0)
+    shard = Shape.record(file=Shape.name(), tokens=count, sha256=Shape.text(64), max_id=Shape.integer(-1, MAX_VOCAB))
+    split = Shape.record(documents=count, bytes=count)
+    part = Shape.record(train=shard, val=shard, resume=Shape.fixed(count, count, count),
+                        stats=Shape.record(train=split, val=split))
+    source = Shape.record(signature=Shape.anything(), parts=Shape.items(part), done=Shape.flag(), entry_=Shape.anything())
+    return Shape.record(settings=Shape.anything(), sources=Shape.mapping(source))
+
+
 def _load_state(out: Path, settings: dict) -> dict:
     """What an earlier, unfinished (or finished) preparation into `out` with the same settings
-    completed: {source name: {"signature", "parts", "done", "entry"}}."""
-    for file in (out / PROGRESS_FILE, out / "manifest.json"):
+    completed: {source name: {"signature", "parts", "done", "entry"}}. A progress record that does
+    not read back in its declared shape is none: that work is done again."""
+    for file, shape in ((out / PROGRESS_FILE, _progress_shape()), (out / "manifest.json", None)):
         try:
-            saved = read_json(file, "preparation record")
+            saved = read_json(file, "preparation record", shape=shape)
         except AndreaError:  # absent or damaged: that work is done again
             continue
-        if not isinstance(saved, dict) or saved.get("settings") != settings:
+        if not isinstance(saved, dict) or not same_json(saved.get("settings"), settings):
             continue
-        if file.name == PROGRESS_FILE and isinstance(saved.get("sources"), dict):
+        if file.name == PROGRESS_FILE:
             return saved["sources"]
         if isinstance(saved.get("sources"), dict):  # a finished preparation: every source is done
             return {name: {"signature": e.get("signature"), "parts": [], "done": True, "entry": e}
@@ -227,7 +239,7 @@ def _prepare_locked(tokenizer, specs, out: Path, log, progress: bool, text_field
     remove_dead_temps(out)  # the manifest's or the progress record's, from a preparation that was killed
     settings = _settings(tokenizer, text_field, val_share, int(shard_tokens))
     state = _load_state(out, settings)
-    state = {s.name: state[s.name] for s in specs if s.name in state and state[s.name].get("signature") == s.signature()}
+    state = {s.name: state[s.name] for s in specs if s.name in state and same_json(state[s.name].get("signature"), s.signature())}
     _save_state(out, settings, state)
     (out / "manifest.json").unlink(missing_ok=True)  # written again once every source is whole
 
@@ -340,7 +352,7 @@ def _prepare_source(spec, state: dict, settings: dict, out: Path, pool: forkpool
     st = state.get(spec.name)
     if st is None:
         st = state[spec.name] = {"signature": spec.signature(), "path": str(spec.path), "parts": [], "done": False}
-    if st["done"]:
+    if st["done"] and isinstance(st.get("entry"), dict):
         bar.update(spec.size)
         return st["entry"]
     parts = st["parts"]

@@ -51,6 +51,7 @@ from pathlib import Path
 
 from andrea.cache import cache_root
 from andrea.errors import AndreaError
+from andrea.validate import same_json
 
 ENV = "ANDREA_BF16"  # "native" or "emulated": the verdict without a measurement
 FORCED = ("native", "emulated")
@@ -208,34 +209,37 @@ def _key(ident: dict) -> str:
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def _cache_shape():
+    """processor.json's declared shape: every field of every verdict of its type and range, rates
+    finite and below 10^9 GFLOP/s (a 400-digit rate would overflow later), threads an integer."""
+    from andrea.validate import Shape
+
+    rate = Shape.real(1e-9, 1e9)
+    verdict = Shape.record(native=Shape.flag(), processor=Shape.text(), threads=Shape.integer(1, 1 << 16),
+                           flags=Shape.items(Shape.text(64), 64), flags_known=Shape.flag(), f32_gflops=rate,
+                           bf16_gflops=rate, source=Shape.text(64))
+    return Shape.record(verdicts=Shape.mapping(Shape.record(identity=Shape.anything(), verdict=verdict), 4 * MAX_ENTRIES))
+
+
 def _read_entries() -> dict:
-    """The cached verdicts by identity key; {} when there is no readable cache."""
+    """The cached verdicts by identity key; {} when there is no cache, or one that does not read
+    back whole in its declared shape (it is measured again, never believed)."""
     from andrea.files import read_json
 
     try:
-        data = read_json(cache_file(), "the processor's cached verdicts")
+        return read_json(cache_file(), "the processor's cached verdicts", shape=_cache_shape())["verdicts"]
     except (AndreaError, OSError):
         return {}
-    entries = data.get("verdicts") if isinstance(data, dict) else None
-    return entries if isinstance(entries, dict) else {}
 
 
 def _read_cached(ident: dict) -> Verdict | None:
     """The cached verdict measured on this identity, when it reads back whole; else None."""
     entry = _read_entries().get(_key(ident))
-    if not isinstance(entry, dict) or entry.get("identity") != ident or not isinstance(entry.get("verdict"), dict):
+    if entry is None or not same_json(entry["identity"], ident):  # true == 1 must not pass for this identity
         return None
     try:
-        verdict = Verdict(**entry["verdict"])
+        verdict = Verdict(**entry["verdict"])  # its fields' types and ranges are the file's declared shape
     except TypeError:
-        return None
-    numbers = (verdict.f32_gflops, verdict.bf16_gflops)
-    # every field of its type and range, rates finite and below 10^9 GFLOP/s: a cache that passes
-    # nothing else is measured again, never believed (a 400-digit rate would overflow later)
-    if (not isinstance(verdict.native, bool) or type(verdict.threads) is not int or not 1 <= verdict.threads <= 1 << 16
-            or not all(type(x) in (int, float) and 0 < x < 1e9 for x in numbers)
-            or not isinstance(verdict.flags, list) or not all(isinstance(f, str) for f in verdict.flags)
-            or not isinstance(verdict.flags_known, bool) or not isinstance(verdict.processor, str)):
         return None
     verdict.source = "cached"
     return verdict

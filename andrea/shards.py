@@ -51,7 +51,7 @@ from andrea.files import (
     read_json,
 )
 from andrea.tokenizer.harris import HarrisTokenizer
-from andrea.validate import is_int
+from andrea.validate import Shape, is_int
 
 MAGIC = b"ANDREATK"
 VERSION = 1
@@ -281,6 +281,8 @@ def _count(value) -> bool:
 
 
 VERIFIED_FILE = "verified.json"  # shards already checked: file -> [size, mtime_ns, sha256, largest id]
+VERIFIED_SHAPE = Shape.mapping(Shape.fixed(Shape.integer(0), Shape.integer(), Shape.optional(Shape.text(64)),
+                                           Shape.integer(-1, 65535)))
 SCAN_TOKENS = 1 << 23  # tokens read at once while a shard is checked (16 MiB)
 
 
@@ -303,11 +305,10 @@ def verify_shards(data: "TokenData", log=None, save: bool = True) -> None:
     full check is not read again: resuming a large corpus costs a stat per shard, not a pass over
     it. A shard changed in place without a new size or modification time is not noticed."""
     record_path = data.dir / VERIFIED_FILE
-    try:
-        record = read_json(record_path, "the record of checked shards")
+    try:  # a record that does not read back in its declared shape is no record: every shard is read
+        record = read_json(record_path, "the record of checked shards", shape=VERIFIED_SHAPE)
     except AndreaError:
         record = {}
-    record = record if isinstance(record, dict) else {}
     V, start, new, read, tokens_read = data.vocab_size, time.perf_counter(), {}, 0, 0
     for name, entry in data.manifest["sources"].items():
         for split in ("train", "val"):
@@ -317,7 +318,7 @@ def verify_shards(data: "TokenData", log=None, save: bool = True) -> None:
                 st = path.stat()
                 key = [st.st_size, st.st_mtime_ns, s.get("sha256")]
                 old = record.get(s["file"])
-                if isinstance(old, list) and len(old) == 4 and old[:3] == key and is_int(old[3]) and old[3] < V:
+                if old is not None and old[:3] == key and old[3] < V:
                     new[s["file"]] = old
                     continue
                 top, digest = scan_shard(tokens)

@@ -45,6 +45,7 @@ import numpy as np
 from andrea.errors import AndreaError
 from andrea.files import atomic_write_bytes, check_regular, read_json, read_npz, remove_dead_temps
 from andrea.shards import TokenData, open_token_data, verify_shards
+from andrea.validate import Shape
 
 USAGE_FILE = "usage.npz"
 USAGE_VERSION = 2
@@ -229,9 +230,8 @@ def run_data(checkpoint, tokenizer=None) -> tuple[TokenData | None, str]:
     if not cfg.is_file():
         return None, f"{run} has no train.json naming the training data"
     try:
-        recorded = read_json(cfg, "train.json")
-        data_dir = recorded.get("data") if isinstance(recorded, dict) else None
-        if not isinstance(data_dir, str) or not Path(data_dir).is_dir():
+        data_dir = read_json(cfg, "train.json", shape=Shape.record(data=Shape.text()))["data"]
+        if not Path(data_dir).is_dir():
             return None, f"the training data named in {cfg} ({str(data_dir)[:200]!r}) is not here"
         return open_token_data(data_dir, tokenizer), ""
     except AndreaError as e:

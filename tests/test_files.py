@@ -202,3 +202,135 @@ def test_the_next_write_of_a_file_removes_the_temporary_files_its_killed_writes_
     finally:
         alive.kill()
         alive.wait()
+
+
+# ---------------------------------------------------------------- declared shapes: every shaped reader, the same damage
+
+
+def _leaves(value, path=()):
+    """Every leaf of a JSON value, by its path of keys and indices."""
+    if isinstance(value, dict):
+        return [leaf for k, v in value.items() for leaf in _leaves(v, path + (k,))]
+    if isinstance(value, list):
+        return [leaf for i, v in enumerate(value) for leaf in _leaves(v, path + (i,))]
+    return [path]
+
+
+def _at(value, path):
+    for k in path:
+        value = value[k]
+    return value
+
+
+def _with(value, path, new):
+    import copy
+
+    value = copy.deepcopy(value)
+    inner = value
+    for k in path[:-1]:
+        inner = inner[k]
+    inner[path[-1]] = new
+    return value
+
+
+LEAF_DAMAGE = [True, "x", None, 10**400, float("nan"), float("inf"), [], {}]
+
+
+def _damage_of_kind(old, new) -> bool:
+    """Whether new is not a value of old's kind: another JSON type, or a number no field holds."""
+    if isinstance(new, float) or isinstance(new, int) and not isinstance(new, bool) and abs(new) > 2**63:
+        return True
+    return type(new) is not type(old)
+
+
+def _shaped_readers(tmp_path, monkeypatch):
+    """{file: (path of a real, whole file, reader)}: each reader returns what it believed of the
+    file (None where it believed nothing and did the work again)."""
+    import json
+
+    from helpers import prep_docs, prep_tokenizer
+
+    import andrea.processor as processor
+    from andrea.prepare import PROGRESS_FILE, prepare
+    from andrea.shards import TokenData, verify_shards
+    from andrea.usage import run_data
+    from andrea.validate import same_json
+
+    monkeypatch.setenv("ANDREA_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(processor, "product_rates", lambda: (100.0, 300.0))
+    monkeypatch.setattr(processor, "_memo", {})
+    processor.bf16_verdict()
+
+    def believed_verdict():
+        v = processor._read_cached(processor.identity())
+        return None if v is None else (v.f32_gflops, v.bf16_gflops, v.threads)
+
+    (tmp_path / "s.txt").write_text("\n\n".join(prep_docs(3, 40)))
+    tok = prep_tokenizer()
+    data = tmp_path / "data"
+    prepare(tok, [str(tmp_path / "s.txt")], data, log=lambda *a: None, progress=False, workers=1)
+    verify_shards(TokenData(data))  # writes verified.json
+
+    def believed_shards():
+        said = []
+        verify_shards(TokenData(data), said.append, save=False)
+        return None if "checked in full" in said[0] else said[0]
+
+    progress = data / PROGRESS_FILE
+    settings = json.loads((data / "manifest.json").read_text())["settings"]
+    entry = json.loads((data / "manifest.json").read_text())["sources"]["s"]
+
+    def believed_progress():
+        from andrea.prepare import _load_state
+
+        state = _load_state(data, settings).get("s")  # what prepare resumes from, as it checks the signature
+        return (state["parts"] or None) if state is not None and same_json(state.get("signature"), entry["signature"]) else None
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "train.json").write_text(json.dumps({"data": str(data), "seq_len": 64}))
+
+    def believed_run():
+        found, why = run_data(run / "latest.safetensors", tok)
+        return None if found is None else str(found.dir)
+
+    # a progress record as a preparation stopped after its first part leaves it
+    part = {"train": entry["train"]["shards"][0], "val": entry["val"]["shards"][0], "resume": [3, 0, 0],
+            "stats": {"train": {"documents": 30, "bytes": 9000}, "val": {"documents": 2, "bytes": 600}}}
+    progress.write_text(json.dumps({"settings": settings, "sources": {"s": {"signature": entry["signature"], "parts": [part],
+                                                                            "done": False}}}))
+    return {"processor.json (andrea.processor)": (processor.cache_file(), believed_verdict),
+            "verified.json (andrea.shards)": (data / "verified.json", believed_shards),
+            "prepare-progress.json (andrea.prepare)": (progress, believed_progress),
+            "train.json (andrea.usage.run_data)": (run / "train.json", believed_run)}
+
+
+@pytest.mark.hostile
+def test_every_shaped_file_is_believed_whole_or_not_at_all(tmp_path, monkeypatch):
+    """Each file whose shape is declared beside its reader (andrea.files.SHAPED_FILES), damaged one
+    leaf at a time with a value of another type, out of range or not finite, as a list, as an
+    object, 7 GB sparse: its reader believes nothing of it (measures, checks, prepares again, or
+    says the data is unknown), never a traceback, never a field of the wrong kind."""
+    import json
+
+    from andrea.files import SHAPED_FILES
+
+    readers = _shaped_readers(tmp_path, monkeypatch)
+    assert set(readers) == set(SHAPED_FILES)
+    for name, (path, believed) in readers.items():
+        whole = json.loads(path.read_text())
+        assert believed() is not None, name  # the whole file is believed
+        cases = [json.dumps(_with(whole, leaf, bad)) for leaf in _leaves(whole)[:40] for bad in LEAF_DAMAGE
+                 if _damage_of_kind(_at(whole, leaf), bad)]
+        cases += ["[]", "{}", "7 GB"]
+        for case in cases:
+            if case == "7 GB":
+                with open(path, "wb") as f:
+                    f.truncate(7 << 30)
+            else:
+                path.write_text(case)
+            got = believed()
+            if got is not None:  # believed: then only where the damaged leaf is one no reader uses
+                assert case != "7 GB" and case not in ("[]", "{}"), (name, case)
+                assert name == "train.json (andrea.usage.run_data)" and json.loads(case)["data"] == whole["data"], (name, case)
+        path.write_text(json.dumps(whole))
