@@ -37,13 +37,12 @@ import torch
 
 from andrea.checkpoint import load_model
 from andrea.config import BOS, N_SPECIAL, get_preset, norm_params, param_rows
-from andrea.decoding.generate import TextGenerator, stream_ids
 from andrea.errors import AndreaError, longer_than_context
 from andrea.model import ANDREA
 from andrea.tokenizer.harris import HarrisTokenizer, label_bytes
 from andrea.usage import STANDALONE_RULE
 from andrea.validate import check_seed
-from andrea.vectors import cosine_matrix, nearest, pca_2d, tsne_2d, vector_stats, whole_word_mask
+from andrea.vectors import cosine_matrix, nearest, pca_2d, table, tsne_2d, vector_stats, whole_word_mask
 
 TABLES = ("input", "output")
 DEFAULT_DISTANCES = (1, 8, 64, 512)
@@ -144,17 +143,6 @@ def load_subject(checkpoint=None, preset=None, seed: int = 0, tokenizer_dir=None
         tokenizer = ByteTokenizer(model.config.vocab_size)
         note = "no tokenizer: text is looked up as UTF-8 bytes (ids 0-255); name other tokens as #ID, or give a tokenizer folder."
     return Subject(model, tokenizer, name, slug, note, str(checkpoint) if checkpoint else None)
-
-
-def table(model, which: str) -> np.ndarray:
-    """The (V, d) matrix of the input table (wte) or the output head (lm_head), as float64."""
-    if which == "input":
-        w = model.wte.weight
-    elif which == "output":
-        w = model.lm_head.weight
-    else:
-        raise AndreaError(f"the table must be one of {', '.join(TABLES)}, got {which!r}.")
-    return w.detach().double().cpu().numpy()
 
 
 # ---------------------------------------------------------------- where the parameters live
@@ -500,38 +488,6 @@ def logit_lens(model, tokenizer, text: str, k: int = 5, bos: bool = True) -> dic
                       "next_prob": own[t]} for t in range(len(ids))])
     stages = ["embedding"] + [f"block {i + 1}" for i in range(model.config.n_layer)]
     return {"ids": ids, "pieces": [piece(i) for i in ids], "stages": stages, "lens": rows}
-
-
-# ---------------------------------------------------------------- generation, token by token
-
-
-def generate_steps(model, tokenizer, prompt: str, max_new_tokens: int = 40, temperature: float = 1.0,
-                   top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-                   alternatives: int = 5):
-    """Checks the settings and returns an iterator over the generated tokens, each with the
-    model's probability for it (softmax of its logits, before sampling settings) and the most
-    likely alternatives. Arguments are checked before the first token is produced."""
-    import codecs
-
-
-    if isinstance(alternatives, bool) or not isinstance(alternatives, int) or alternatives < 1:
-        raise AndreaError(f"the number of alternatives must be an integer of at least 1, got {alternatives!r}.")
-    gen = TextGenerator(model, tokenizer)
-    seen: list[torch.Tensor] = []
-    ids = stream_ids(model, gen.encode_prompt(prompt), max_new_tokens, temperature, top_k, top_p, seed,
-                     on_step=lambda logits, tok: seen.append(logits))
-
-    def steps():
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        for tok in ids:
-            probs = torch.softmax(seen.pop().double(), dim=-1)
-            top = torch.topk(probs, min(alternatives, probs.numel()))
-            yield {"id": tok, "piece": tokenizer.id_to_piece(tok), "text": decoder.decode(tokenizer.token_bytes(tok)),
-                   "prob": float(probs[tok]),
-                   "alternatives": [{"id": int(i), "piece": tokenizer.id_to_piece(int(i)), "prob": float(p)}
-                                    for p, i in zip(top.values, top.indices)]}
-
-    return steps()
 
 
 def preset_parameter_groups(name: str) -> list[ParamGroup]:

@@ -1,5 +1,5 @@
-"""Arithmetic on embedding rows, defined once: cosine, unit rows, nearest rows, whole-word tokens,
-and the two 2-D projections of the maps (PCA, t-SNE).
+"""Arithmetic on embedding rows, defined once: a model's two tables as arrays, cosine, unit rows,
+nearest rows, whole-word tokens, and the two 2-D projections of the maps (PCA, t-SNE).
 
 Every view of the tables (the lab's Token and Growth views, `andrea embed`, the similarity scores,
 the timeline, the lesson) computes with these, so two views of one table always agree.
@@ -23,6 +23,17 @@ from andrea.config import N_SPECIAL
 from andrea.errors import AndreaError
 
 METRICS = ("cos", "dot")
+
+
+def table(model, which: str) -> np.ndarray:
+    """The (V, d) matrix of the input table (wte) or the output head (lm_head), as float64."""
+    if which == "input":
+        w = model.wte.weight
+    elif which == "output":
+        w = model.lm_head.weight
+    else:
+        raise AndreaError(f"the table must be one of input, output, got {which!r}.")
+    return w.detach().double().cpu().numpy()
 
 
 def cosine(u, v) -> float:

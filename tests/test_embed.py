@@ -16,13 +16,12 @@ from helpers import cli
 from andrea.checkpoint import save_checkpoint
 from andrea.cli import main
 from andrea.config import ModelConfig, get_preset
-from andrea.decoding.generate import generate_ids
+from andrea.decoding.generate import generate_ids, generate_steps
 from andrea.embed import (
     ByteTokenizer,
     attention,
     compare,
     forward_matrix,
-    generate_steps,
     lens_logits,
     load_subject,
     logit_lens,

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from andrea import embed
+from andrea.decoding.generate import generate_steps
 from andrea.wordsim import LESSON_PAIRS
 
 _path = Path(__file__).resolve().parent.parent / "scripts" / "lab_screenshots.py"
@@ -130,7 +131,7 @@ def test_generate_shows_the_library_tokens_as_they_come(browser, url, subject):
     shots.fill(browser, "gen-max", "12")
     assert shots.submit(browser, "generate", "gen-go") == "ready"
     spans = by_css(browser, "#gen-output .gen-token")
-    steps = list(embed.generate_steps(subject.model, subject.tokenizer, "the cat", max_new_tokens=12, temperature=0.8,
+    steps = list(generate_steps(subject.model, subject.tokenizer, "the cat", max_new_tokens=12, temperature=0.8,
                                     top_k=40, seed=0))
     assert [int(s.get_attribute("data-id")) for s in spans] == [s["id"] for s in steps]
     assert float(spans[0].get_attribute("data-prob")) == pytest.approx(steps[0]["prob"], abs=1e-6)

@@ -23,6 +23,7 @@ from starlette.testclient import TestClient
 
 import andrea.web
 from andrea import embed
+from andrea.decoding.generate import generate_steps
 from andrea.cli import main
 from andrea.web import lab as web
 from andrea.web.lab import LabServer, create_app
@@ -106,7 +107,7 @@ def test_generation_streams_the_library_tokens(client, subject):
     with client.stream("POST", "/api/generate", json={"prompt": "the cat", **settings}) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("application/x-ndjson")
         lines = [json.loads(line) for line in r.iter_lines() if line]
-    steps = list(embed.generate_steps(subject.model, subject.tokenizer, "the cat", **settings))
+    steps = list(generate_steps(subject.model, subject.tokenizer, "the cat", **settings))
     assert lines[-1] == {"done": True, "tokens": len(steps)}
     assert lines[:-1] == json.loads(json.dumps(steps))
 

@@ -396,6 +396,32 @@ def chat_prompt_ids(tokenizer, block_size: int, max_new_tokens: int, turns, line
         n += 1
 
 
+def generate_steps(model, tokenizer, prompt: str, max_new_tokens: int = 40, temperature: float = 1.0,
+                   top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+                   alternatives: int = 5):
+    """Checks the settings and returns an iterator over the generated tokens, each with the
+    model's probability for it (softmax of its logits, before sampling settings) and the most
+    likely alternatives. Arguments are checked before the first token is produced."""
+    if isinstance(alternatives, bool) or not isinstance(alternatives, int) or alternatives < 1:
+        raise AndreaError(f"the number of alternatives must be an integer of at least 1, got {alternatives!r}.")
+    gen = TextGenerator(model, tokenizer)
+    seen: list[torch.Tensor] = []
+    ids = stream_ids(model, gen.encode_prompt(prompt), max_new_tokens, temperature, top_k, top_p, seed,
+                     on_step=lambda logits, tok: seen.append(logits))
+
+    def steps():
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        for tok in ids:
+            probs = torch.softmax(seen.pop().double(), dim=-1)
+            top = torch.topk(probs, min(alternatives, probs.numel()))
+            yield {"id": tok, "piece": tokenizer.id_to_piece(tok), "text": decoder.decode(tokenizer.token_bytes(tok)),
+                   "prob": float(probs[tok]),
+                   "alternatives": [{"id": int(i), "piece": tokenizer.id_to_piece(int(i)), "prob": float(p)}
+                                    for p, i in zip(top.values, top.indices)]}
+
+    return steps()
+
+
 def load(path, device="cpu") -> TextGenerator:
     """A TextGenerator for the checkpoint at path (a file or a run folder)."""
 

@@ -45,14 +45,14 @@ import torch
 from andrea.checkpoint import load_model
 from andrea.config import get_preset, param_rows
 from andrea.context_vectors import CONTEXT, block_vectors, layer_scores, mean_state
-from andrea.embed import forward_matrix, table
+from andrea.embed import forward_matrix
 from andrea.errors import AndreaError
 from andrea.lessons.report import CANNOT, CAVEAT, FAILS, HOLDS, Step, report_json, report_text
 from andrea.shards import TokenData
 from andrea.snapshots.store import snapshot_steps
 from andrea.snapshots.timeline import Timeline, row_updates
 from andrea.usage import MIN_USES, STANDALONE, data_usage, run_data
-from andrea.vectors import vector_stats
+from andrea.vectors import table, vector_stats
 from andrea.wordsim import (
     LESSON_PAIRS,
     PAIR_SETS,

@@ -43,6 +43,7 @@ import numpy as np
 
 from andrea import context_vectors, embed
 from andrea.config import PRESETS
+from andrea.decoding.generate import generate_steps
 from andrea.errors import AndreaError, longer_than_context
 from andrea.lessons import attention as attention_lesson
 from andrea.lessons import block as block_lesson
@@ -241,7 +242,7 @@ class LabViews:
             seed=f.integer("seed", None, 0, 2**63 - 1),
             alternatives=f.integer("alternatives", 5, 1, 20),
         )
-        return embed.generate_steps(self.model, self.tok, prompt, **settings)
+        return generate_steps(self.model, self.tok, prompt, **settings)
 
 
 FIELDS = {
