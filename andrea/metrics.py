@@ -1,9 +1,17 @@
 """A run's metrics: the speed meter, and metrics.jsonl written and read back.
 
-metrics.jsonl holds one JSON object per line: one per step (loss, smoothed loss, lr, source,
-tokens/s, MFU), one per evaluation (`eval`: loss and bits per byte per source) and one per audit.
-Rows are appended as the run goes; a reader skips a damaged line (cut off by a crash, garbage),
-since the file feeds pictures and summaries, never the run itself.
+metrics.jsonl holds one JSON object per line, each of one kind (`row_kind`): a step (loss,
+smoothed loss, lr, source, tokens/s, MFU), an evaluation (`eval`: loss and bits per byte per
+source), an audit (`audit`), the word-similarity scores (`similarity`, andrea.wordsim) and the
+heads' scores at a snapshot (`heads`, andrea.heads). Rows are appended as the run goes.
+
+Read back, every row goes through one gate, `read_metrics`: a line that is no JSON object (cut off
+by a crash, garbage, null) and a row whose fields fail their declared shape (`valid_row`: the
+fields of its kind, each of its type, in its range and finite; the heads' scores lists of the
+model's blocks × heads) is left out, with a note for a reader that shows notes. The file feeds
+pictures and summaries, never the run, so a damaged row costs at most its point. Every reader of
+the rows is listed beside the gate (METRICS_READERS) and driven through the same damaged rows by
+tests/test_metrics.py.
 """
 
 from __future__ import annotations
@@ -11,12 +19,25 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 
 from andrea.errors import AndreaError
 from andrea.files import json_lines, open_regular, write_error_reason
-from andrea.validate import is_int, is_real
+from andrea.heads import KINDS
+from andrea.validate import number_in
+
+# Every reader of metrics.jsonl's rows; each reads them through `read_metrics` alone.
+METRICS_READERS = (
+    "loss.png",                  # andrea.plots.plot_losses, through loss_curves
+    "andrea main's best evaluation",  # andrea.mainjob._eval_at
+    "lab growth heads",          # andrea.web.lab_growth, POST /api/growth/heads
+    "bench_induction",           # benchmarks/bench_induction.py: crossing, loss_fall
+    "bench_similarity",          # benchmarks/bench_similarity.py: cost, the snapshots' share of a run's time
+    "bench_curriculum",          # benchmarks/bench_curriculum.py: step_losses, a run's (source, loss) steps
+    "gpu_bench",                 # benchmarks/gpu_bench.py: last_step_and_bpb
+)
 
 
 class Meter:
@@ -44,41 +65,143 @@ class Meter:
             self.window_t += time.time() - start
 
 
-def read_metrics(path: Path) -> list[dict]:
-    """The rows of a metrics.jsonl that are JSON objects, in order. A damaged line (cut off by a
-    crash, garbage, null) is left out: the file feeds pictures and summaries, never the run."""
-    rows = []
+# ---------------------------------------------------------------- the rows' declared shape
+
+MAX_STEP = 2**62
+MAX_LOSS = 1e4  # nats per token: a random model's is about ln V (9 for V = 8,704)
+MAX_N = 1 << 16  # tokens of the heads' random sequence r
+
+
+def _count(v) -> bool:
+    return number_in(v, int, 0, MAX_STEP)
+
+
+def _real(lo, hi):
+    return lambda v: number_in(v, float, lo, hi)
+
+
+def _maybe(check):
+    return lambda v: v is None or check(v)
+
+
+def _text(v) -> bool:
+    return isinstance(v, str)
+
+
+def _table(check):
+    """A JSON object (its keys are strings), each value passing `check`."""
+    return lambda v: isinstance(v, dict) and all(check(x) for x in v.values())
+
+
+_UNIT, _COS, _ANY = _real(0, 1), _real(-1, 1), _real(0, math.inf)
+_LOSS = _real(0, MAX_LOSS)
+_SOURCE_EVAL = _table(lambda m: isinstance(m, dict) and _LOSS(m.get("loss")) and _ANY(m.get("bpb"))
+                      and _maybe(_count)(m.get("tokens")) and _maybe(_ANY)(m.get("se")))
+
+# each kind of row: the field that names it, then every field of its own it may hold, {name: (required, check)};
+# a row holds "step" (an integer from 0) and the fields of exactly one kind
+SHAPES = {
+    "step": ("loss", {"loss": (True, _LOSS), "smma": (True, _LOSS), "lr": (False, _ANY), "source": (False, _text),
+                      "tokens": (False, _count), "tok_per_s": (False, _ANY), "mfu": (False, _maybe(_ANY)),
+                      "time": (False, _ANY), "grad_norm": (False, _maybe(_ANY)), "weights": (False, _table(_UNIT))}),
+    "eval": ("eval", {"eval": (True, lambda v: _SOURCE_EVAL(v) and "all" in v)}),
+    "audit": ("audit", {"audit": (True, lambda v: isinstance(v, dict) and _real(0, 100)(v.get("score"))
+                                  and _table(_UNIT)(v.get("components")) and _text(v.get("text")))}),
+    "similarity": ("similarity", {"similarity": (True, _table(_table(_maybe(_COS)))), "growth_seconds": (False, _ANY)}),
+    "heads": ("heads", {"heads": (True, lambda v: isinstance(v, dict))}),  # and _heads_fault: the model's shape
+}
+
+
+def row_kind(row) -> str | None:
+    """The kind of a metrics row (a key of SHAPES), or None when it names none or more than one."""
+    kinds = [kind for kind, (key, _) in SHAPES.items() if isinstance(row, dict) and key in row]
+    return kinds[0] if len(kinds) == 1 else None
+
+
+def valid_row(row, heads_shape: tuple[int, int] | None = None) -> str | None:
+    """Why a metrics row fails its declared shape (SHAPES), or None when it passes: a JSON object
+    of one kind, its step an integer from 0, every field of its kind present where required and of
+    its type, range and finiteness; the heads' scores (L, heads) lists, of `heads_shape` when given."""
+    if not isinstance(row, dict):
+        return "it is not a JSON object"
+    if not _count(row.get("step")):
+        return "its step is not an integer from 0"
+    kind = row_kind(row)
+    if kind is None:
+        return "it is no one kind of row andrea writes"
+    for name, (required, check) in SHAPES[kind][1].items():
+        if (name in row and not check(row[name])) or (required and name not in row):
+            return f"its {name} is missing or not of its type and range"
+    return _heads_fault(row["heads"], heads_shape) if kind == "heads" else None
+
+
+def heads_shape_of(value) -> tuple[int, int] | None:
+    """(blocks, heads) of a heads row's scores of the first kind, or None where they are no list of
+    non-empty lists."""
+    scores = value.get("scores") if isinstance(value, dict) else None
+    first = scores.get(KINDS[0]) if isinstance(scores, dict) else None
+    if not isinstance(first, list) or not first or not isinstance(first[0], list) or not first[0]:
+        return None
+    return len(first), len(first[0])
+
+
+def _heads_fault(value, shape: tuple[int, int] | None) -> str | None:
+    """Why a row's "heads" is not what andrea.heads.score_heads writes: {"n", "scores": {kind: (L, heads)
+    list of weights in [0, 1]}, "best": {kind: weight}}, every kind of KINDS, one shape for all."""
+    if not isinstance(value, dict) or not number_in(value.get("n"), int, 2, MAX_N):
+        return "its heads' scores name no sequence length n"
+    scores, best = value.get("scores"), value.get("best")
+    if not isinstance(scores, dict) or not isinstance(best, dict) \
+            or any(k not in scores or not _UNIT(best.get(k)) for k in KINDS):
+        return f"its heads' scores do not give each of {', '.join(KINDS)}"
+    got = heads_shape_of(value)
+    for kind in KINDS:
+        s = scores[kind]
+        if got is None or not isinstance(s, list) or len(s) != got[0] or not all(
+                isinstance(b, list) and len(b) == got[1] and all(_UNIT(w) for w in b) for b in s):
+            return f"its heads' {kind} scores are not a list of blocks of heads' weights in [0, 1]"
+    if shape is not None and got != tuple(shape):
+        return f"its heads' scores are of {got[0]} blocks × {got[1]} heads, the model's {shape[0]} × {shape[1]}"
+    return None
+
+
+# ---------------------------------------------------------------- the gate
+
+
+def read_metrics(path: Path, heads_shape: tuple[int, int] | None = None, notes: list | None = None) -> list[dict]:
+    """The rows of a metrics.jsonl that pass `valid_row`, in order; the others are left out, and
+    `notes` (when given) gets one line for each ("line 7: its loss is missing or ..."). The heads'
+    scores must be of `heads_shape` (the model's blocks × heads) when given, else of the one shape
+    most heads rows share. A file that is missing or no regular file gives no rows."""
+    kept, faults = [], []
     try:
         with open_regular(path, "rb", "the metrics file") as f:
-            for row in json_lines(f, str(path)):  # a line of more than MAX_JSON_LINE bytes is skipped
-                if isinstance(row, dict):
-                    rows.append(row)
+            for number, row in enumerate(json_lines(f, str(path)), 1):  # a line over MAX_JSON_LINE bytes is None
+                why = "it is not a whole JSON line" if row is None else valid_row(row, heads_shape)
+                (faults if why else kept).append((number, why or row))
     except (OSError, AndreaError):  # none yet, or not a regular file: nothing to draw from
         pass
-    return rows
-
-
-def _finite_number(x) -> bool:
-    return is_real(x) and math.isfinite(x)
+    if heads_shape is None:  # no model to compare with: one run's heads rows share one shape
+        shapes = Counter(heads_shape_of(row["heads"]) for _, row in kept if "heads" in row)
+        most = max(shapes, key=shapes.get) if shapes else None  # the first seen of the commonest
+        faults += [(n, "its heads' scores are of another shape than most of the run's") for n, row in kept
+                   if "heads" in row and heads_shape_of(row["heads"]) != most]
+        kept = [(n, row) for n, row in kept if "heads" not in row or heads_shape_of(row["heads"]) == most]
+    if notes is not None:
+        notes.extend(f"line {number:,}: {why}" for number, why in sorted(faults))
+    return [row for _, row in kept]
 
 
 def loss_curves(rows: list[dict]):
-    """(steps, losses, smoothed losses, {source: [(step, validation loss)]}) from the rows of a
-    metrics.jsonl; a row missing a number, or holding one of the wrong type, is left out."""
+    """(steps, losses, smoothed losses, {source: [(step, validation loss)]}) from rows that passed
+    `read_metrics`' gate."""
     steps, loss, smma, ev = [], [], [], {}
     for row in rows:
-        step = row.get("step")
-        if not is_int(step):
-            continue
-        if "eval" in row:
-            got = row["eval"]
-            if not isinstance(got, dict):
-                continue
-            for name, m in got.items():
-                if isinstance(m, dict) and _finite_number(m.get("loss")):
-                    ev.setdefault(str(name), []).append((step, m["loss"]))
-        elif _finite_number(row.get("loss")) and _finite_number(row.get("smma")):
-            steps.append(step), loss.append(row["loss"]), smma.append(row["smma"])
+        if row_kind(row) == "eval":
+            for name, m in row["eval"].items():
+                ev.setdefault(str(name), []).append((row["step"], m["loss"]))
+        elif row_kind(row) == "step":
+            steps.append(row["step"]), loss.append(row["loss"]), smma.append(row["smma"])
     return steps, loss, smma, ev
 
 

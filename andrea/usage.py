@@ -24,8 +24,8 @@ afterwards costs nothing.
 
 What is read back is checked, not believed: the tag is no secret, so `usage.npz` is read through
 `andrea.files.read_npz` (every array's dtype and shape, known from V, checked from its header
-before its data is read) and its figures must be consistent (counts non-negative, no more
-standalone uses or continuations than uses, continuation ids below V and in -1's place only
+before its data is read) and its figures must be consistent (counts non-negative and below 2^53,
+no more standalone uses or continuations than uses, continuation ids below V and in -1's place only
 after the last one); a file that is not is counted again and rewritten. The counting itself reads
 only shards `andrea.shards.verify_shards` passes (ids below V, SHA-256 as recorded), and only
 with the tokenizer the folder was prepared with: a tokenizer of another fingerprint, even of the
@@ -206,11 +206,15 @@ def _read(path: Path, tag: str, tokenizer_fp: str, vocab_size: int) -> Usage | N
 
 
 def _consistent(u: Usage) -> bool:
-    """Whether figures could have come from counting: see the module docstring."""
-    if (u.count < 0).any() or (u.alone < 0).any() or (u.alone > u.count).any():
+    """Whether figures could have come from counting: see the module docstring. Every figure is
+    first bounded below 2^53 (more uses than any data folder holds), so a row's TOP continuations
+    sum to less than 2^56 and the int64 arithmetic after cannot overflow."""
+    limit = 1 << 53
+    if (u.count < 0).any() or (u.count >= limit).any() or (u.alone < 0).any() or (u.alone > u.count).any():
         return False
     ids, counts = u.next_ids, u.next_counts
-    if (ids < -1).any() or (ids >= u.vocab_size).any() or (counts < 0).any() or ((ids < 0) != (counts == 0)).any():
+    if (ids < -1).any() or (ids >= u.vocab_size).any() or (counts < 0).any() or (counts >= limit).any() \
+            or ((ids < 0) != (counts == 0)).any():
         return False
     if (ids[:, 1:] >= 0).any() and ((ids[:, 1:] >= 0) & (ids[:, :-1] < 0)).any():
         return False  # a continuation after an empty place

@@ -41,8 +41,9 @@ ARMS = {"ucb": ("ucb", "andrea"), "ucb-progress": ("ucb", "progress"), "ucb-abs-
 
 def step_losses(run: Path) -> list[tuple[str, float]]:
     """(source, loss) of every training step of a run, in order (from its metrics.jsonl)."""
-    with open(run / "metrics.jsonl") as f:
-        return [(row["source"], row["loss"]) for row in map(json.loads, f) if "source" in row]
+    from andrea.metrics import read_metrics
+
+    return [(row["source"], row["loss"]) for row in read_metrics(run / "metrics.jsonl") if "source" in row]
 
 
 def reward_anatomy(steps: list[tuple[str, float]], names: list[str]) -> dict[str, dict[str, float]]:

@@ -26,6 +26,7 @@ from embedding_pairs import newest_main_checkpoint
 
 from andrea.embed import load_subject
 from andrea.errors import AndreaError
+from andrea.metrics import read_metrics
 from andrea.shards import open_token_data
 from andrea.wordsim import LESSON_WORDS, load_wordsets, model_tables, ppmi_vectors, similarity, train_token_chunks, word_index
 
@@ -66,7 +67,7 @@ def verdict(report: dict) -> list[str]:
 
 
 def cost(run: Path) -> str:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = read_metrics(run / "metrics.jsonl")
     spent = [r["growth_seconds"] for r in rows if "growth_seconds" in r]
     trained = [r["time"] for r in rows if "time" in r]
     disk = sum(p.stat().st_size for p in (run / "embeddings").glob("*.safetensors"))

@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
-import json
 import os
 import platform
 import statistics
@@ -269,6 +268,16 @@ def shard_folder(data: str | None) -> Path | None:
     return found[-1].parent if found else None
 
 
+
+def last_step_and_bpb(run: Path) -> tuple[dict, float | None]:
+    """A run's last step row and its last evaluation's bits per byte, read through andrea's gate."""
+    from andrea.metrics import read_metrics
+
+    rows = read_metrics(run / "metrics.jsonl")
+    steps = [r for r in rows if "tok_per_s" in r]
+    evals = [r for r in rows if "eval" in r]
+    return (steps[-1] if steps else {}), (evals[-1]["eval"]["all"]["bpb"] if evals else None)
+
 def cmd_cli(args) -> int:
     from andrea.cache import cache_root
 
@@ -300,11 +309,7 @@ def cmd_cli(args) -> int:
             last = (done.stderr.strip().splitlines() or ["no message"])[-1].replace("|", "/")
             print(f"| andrea train | {settings} | failed (exit {done.returncode}): {last} |")
             return 0
-        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-        steps = [r for r in rows if "tok_per_s" in r]
-        evals = [r for r in rows if "eval" in r]
-        last = steps[-1] if steps else {}
-        bpb = evals[-1]["eval"]["all"]["bpb"] if evals else None
+        last, bpb = last_step_and_bpb(run)
         mfu = last.get("mfu")
         print(f"| andrea train | {settings} | {last.get('step', '?')} steps, {wall:.0f} s wall; last window "
               f"{last.get('tok_per_s', float('nan')):,.0f} tokens/s, MFU {'?' if mfu is None else f'{100 * mfu:.1f}%'}; "

@@ -43,9 +43,10 @@ def test_a_fifo_in_place_of_the_metrics_file_is_refused_not_waited_on(tmp_path):
     with pytest.raises(AndreaError, match=r"metrics.jsonl is a FIFO.*not a regular file"):
         append_row(fifo, {"step": 1})
     plain = tmp_path / "plain.jsonl"
-    append_row(plain, {"step": 1})
-    append_row(plain, {"step": 2})
-    assert read_metrics(plain) == [{"step": 1}, {"step": 2}] and read_metrics(tmp_path / "none.jsonl") == []
+    rows = [{"step": 1, "loss": 2.5, "smma": 2.5}, {"step": 2, "loss": 2.0, "smma": 2.4}]
+    for row in rows:
+        append_row(plain, row)
+    assert read_metrics(plain) == rows and read_metrics(tmp_path / "none.jsonl") == []
 
 
 @pytest.mark.hostile
@@ -86,3 +87,162 @@ def test_a_line_of_hundreds_of_megabytes_is_skipped_without_being_held(tmp_path)
         tracemalloc.stop()
     assert [r["step"] for r in rows] == [1, 2]
     assert peak < 8 << 20, peak
+
+
+# ---------------------------------------------------------------- one gate for every reader of the rows
+
+_KINDS = ("previous", "first", "same", "induction")
+
+
+def _heads(blocks=2, heads=2, weight=0.25, **changes) -> str:
+    """A heads row of the growth run's model (2 blocks × 2 heads), with fields changed."""
+    import json
+
+    value = {"n": 15, "scores": {k: [[weight] * heads for _ in range(blocks)] for k in _KINDS},
+             "best": {k: 0.25 for k in _KINDS}, **changes}
+    return json.dumps({"step": 2000, "heads": value})
+
+
+# metrics.jsonl lines each of which fails its row's declared shape (andrea.metrics.valid_row)
+DAMAGED_ROWS = [
+    '{"step": 2000, "heads": {}}',  # the audit's row: the Growth view's heads panel answered 500 while it was there
+    _heads(scores={"previous": 1}),
+    _heads(blocks=3),  # another model's blocks × heads
+    _heads(heads=1),
+    _heads(weight=float("nan")),
+    _heads(weight="0.5"),
+    _heads(weight=1.5),
+    _heads(scores={k: [[0.1, 0.2], [0.3]] for k in _KINDS}),  # ragged
+    _heads(n=True),
+    _heads(best={"previous": 0.2}),
+    '{"step": 3, "loss": NaN, "smma": 2.0}',
+    '{"step": 3, "loss": 2.0, "smma": Infinity}',
+    '{"step": 3, "loss": 1e300, "smma": 2.0}',
+    '{"step": -1, "loss": 2.0, "smma": 2.0}',
+    '{"step": 2.5, "loss": 2.0, "smma": 2.0}',
+    '{"step": true, "loss": 2.0, "smma": 2.0}',
+    '{"step": 3, "loss": 2.0, "smma": 2.0, "mfu": -1}',
+    _heads()[:-1] + ', "loss": 2.0, "smma": 2.0}',  # two kinds in one row
+    '{"step": 16, "eval": {"all": {"loss": "x"}}}',
+    '{"step": 16, "eval": {"all": {"loss": 2.0, "bpb": Infinity}}}',
+    '{"step": 16, "eval": {"alpha": {"loss": 2.0, "bpb": 1.0}}}',
+    '{"step": 16, "eval": []}',
+    '{"step": 16, "audit": {"score": 500, "components": {}, "text": ""}}',
+    '{"step": 16, "similarity": {"input_raw": {"cat_dog": 7}}, "growth_seconds": 1.0}',
+    '{"step": 16}',
+    'null',
+    '[1, 2]',
+    '{"step": 4, "loss": 2.0, "sm',
+]
+
+
+def _lab_heads(run, cache):
+    """POST /api/growth/heads of a lab on the run: (its answer without the note, the note)."""
+    from starlette.testclient import TestClient
+
+    from andrea import embed
+    from andrea.web.lab import create_app
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ANDREA_CACHE", str(cache))
+        mp.setenv("ANDREA_WORDSETS", str(cache / "wordsets"))
+        app = create_app(embed.load_subject(run))
+    with TestClient(app, raise_server_exceptions=False) as c:
+        r = c.post("/api/growth/heads", json={})
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    return {k: v for k, v in answer.items() if k != "note"}, answer.get("note")
+
+
+def _bench(name):
+    import importlib
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parent.parent / "benchmarks"
+    sys.path.insert(0, str(bench))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(bench))
+
+
+def _bench_induction(run, cache):
+    module = _bench("bench_induction")
+    rows = read_metrics(run / "metrics.jsonl")
+    first, best, step = module.crossing(rows)
+    return (first, best, step, module.loss_fall(rows, step, window=4)), None
+
+
+def _loss_png(run, cache):
+    from andrea.metrics import loss_curves
+    from andrea.plots import plot_losses
+
+    plot_losses(run / "metrics.jsonl", run / "loss.png")
+    assert (run / "loss.png").stat().st_size > 1000
+    return loss_curves(read_metrics(run / "metrics.jsonl")), None
+
+
+def _best_evaluation(run, cache):
+    from andrea.mainjob import _eval_at
+
+    return [_eval_at(run / "metrics.jsonl", step) for step in (8, 16)], None
+
+
+def _bench_similarity(run, cache):
+    import re
+
+    return re.sub(r"took [0-9.]+ s of the run's", "took s of the run's", _bench("bench_similarity").cost(run)), None
+
+
+READ_BY = {  # METRICS_READERS: (the module that reads the rows, a drive of it: (what it computed, its note))
+    "loss.png": ("andrea/plots.py", _loss_png),
+    "andrea main's best evaluation": ("andrea/mainjob.py", _best_evaluation),
+    "lab growth heads": ("andrea/web/lab_growth.py", _lab_heads),
+    "bench_induction": ("benchmarks/bench_induction.py", _bench_induction),
+    "bench_similarity": ("benchmarks/bench_similarity.py", _bench_similarity),
+    "bench_curriculum": ("benchmarks/bench_curriculum.py", lambda run, cache: (_bench("bench_curriculum").step_losses(run), None)),
+    "gpu_bench": ("benchmarks/gpu_bench.py", lambda run, cache: (_bench("gpu_bench").last_step_and_bpb(run), None)),
+}
+
+
+@pytest.mark.hostile
+def test_every_reader_of_metrics_rows_leaves_out_the_same_damaged_rows(growth_run, tmp_path):
+    """A real run's metrics.jsonl with rows appended that fail their declared shape (heads' scores
+    empty, of another model's blocks × heads, NaN, ragged or out of [0, 1]; losses NaN or huge;
+    steps negative, fractional or true; evaluations without numbers; two kinds in one row; null,
+    a list, a line cut off): every reader listed beside the gate computes what it computes without
+    them (the lab's heads panel answered 500 before, bench_induction raised KeyError, loss.png drew
+    step -1 and andrea main took a damaged evaluation for the best one), and the lab's note names
+    each line left out. The list beside the gate is the list driven here, and no other module reads
+    the rows."""
+    import json
+    import re
+    import shutil
+    from pathlib import Path
+
+    from andrea.metrics import METRICS_READERS, valid_row
+
+    assert set(READ_BY) == set(METRICS_READERS)
+    root = Path(__file__).resolve().parent.parent
+    callers = {f"{p.relative_to(root)}" for folder in ("andrea", "benchmarks") for p in (root / folder).rglob("*.py")
+               if re.search(r"\bread_metrics\(", p.read_text()) and p.name != "metrics.py"}
+    assert callers == {module for module, _ in READ_BY.values()}
+    assert {p.name for p in (root / "andrea").rglob("*.py") if "json_lines(" in p.read_text()} == {"files.py", "metrics.py"}
+
+    run, cache = growth_run
+    clean, damaged = tmp_path / "clean", tmp_path / "damaged"
+    for folder in (clean, damaged):
+        shutil.copytree(run, folder)
+    lines = (clean / "metrics.jsonl").read_text().splitlines()
+    assert all(valid_row(json.loads(line), (2, 2)) is None for line in lines)  # every row andrea wrote passes
+    with open(damaged / "metrics.jsonl", "a") as f:
+        f.write("\n".join(DAMAGED_ROWS) + "\n")
+    for reader, (_, drive) in READ_BY.items():
+        want, _ = drive(clean, cache)
+        got, note = drive(damaged, cache)
+        assert got == want, reader
+        if reader == "lab growth heads":
+            for number in range(len(lines) + 1, len(lines) + len(DAMAGED_ROWS) + 1)[:3]:
+                assert f"line {number}:" in note, note
+            assert f"{len(DAMAGED_ROWS)} rows of" in note

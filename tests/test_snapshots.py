@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -360,3 +361,185 @@ def test_a_resumed_run_removes_a_killed_snapshot_writes_temporary_file(data_dir,
     stale.write_bytes(b"half a snapshot of a resumed run")
     train(cfg, o, data_dir, run, resume=True, log=quiet, progress=False)
     assert not stale.exists() and 8 in snapshot_steps(run)
+
+
+# ---------------------------------------------------------------- one gate for every reader of snapshots
+
+
+def _zero_rows(run, step):
+    s = read_snapshot(snapshot_path(run, step))
+    tensors = {"rows": s.rows[:0], "seen": s.seen[:0]}
+    for t in ("input", "output"):
+        tensors.update({t: s.tables[t][:0], f"{t}_mean": s.means[t], f"{t}_moved": s.moved[t][:0],
+                        f"{t}_angle": s.angle[t][:0]})
+    _save(snapshot_path(run, step), tensors, {**s.meta, "whole": False})
+
+
+def _save(path, tensors, meta):
+    from safetensors.torch import save_file
+
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path), metadata={"andrea.growth": json.dumps(meta)})
+
+
+def _tensors_changed(run, step, **changes):
+    s = read_snapshot(snapshot_path(run, step))
+    tensors = {"rows": s.rows, "seen": s.seen}
+    for t in ("input", "output"):
+        tensors.update({t: s.tables[t], f"{t}_mean": s.means[t], f"{t}_moved": s.moved[t], f"{t}_angle": s.angle[t]})
+    _save(snapshot_path(run, step), {**tensors, **{k: f(tensors[k]) for k, f in changes.items()}}, s.meta)
+
+
+def _put(other, step):
+    """Another run's snapshot of `step` put in the run's folder at that step."""
+    return lambda run: shutil.copyfile(snapshot_path(other, step), snapshot_path(run, step))
+
+
+def _damages(other):
+    """{case: (damage of a copy of the run, its snapshots that must be left out)}: the run's snapshots
+    are at steps 0, 1, 2, 4 and its checkpoint at step 4; `other` is another run of the same table
+    (snapshots at 0, 1, 2, 4, 8)."""
+    return {
+        "seen NaN": (lambda run: _tensors_changed(run, 4, seen=lambda t: torch.full(t.shape, float("nan"))), [4]),
+        "seen inf": (lambda run: _tensors_changed(run, 2, seen=lambda t: torch.full(t.shape, float("inf"))), [2]),
+        "seen below 0": (lambda run: _tensors_changed(run, 4, seen=lambda t: t - 5), [4]),
+        "angle past 180": (lambda run: _tensors_changed(run, 4, input_angle=lambda t: t + 200), [4]),
+        "mean cosine NaN": (lambda run: _rewrite(snapshot_path(run, 4), {"mean_cos": {"input": float("nan")}}), [4]),
+        "step not its name's": (lambda run: shutil.copyfile(snapshot_path(run, 2), snapshot_path(run, 4)), [4]),
+        "zero rows, every one": (lambda run: [_zero_rows(run, s) for s in (0, 1, 2, 4)], [0, 1, 2, 4]),
+        "another run's last in place of the last": (_put(other, 4), [4]),
+        "another run's last after the last": (_put(other, 8), [8]),
+        "another run's first in place of the first": (_put(other, 0), [0]),
+    }
+
+
+def _steps_in(report) -> set:
+    """The snapshot steps a lesson report's init and sparse steps were computed from."""
+    used = set()
+    for s in report["steps"]:
+        numbers = s.get("numbers") or {}
+        if s["key"] == "init" and "step" in numbers:
+            used.add(numbers["step"])
+        if s["key"] == "sparse" and "start" in numbers:
+            used |= {numbers["start"], numbers["end"]}
+    return used
+
+
+def _embed_timeline(run, capsys, data_dir):
+    code = main(["embed", "timeline", "--checkpoint", str(run), "cat", "dog", "--json"])
+    out, err = capsys.readouterr()
+    return (json.loads(out)["steps"] if code == 0 else []), err, None
+
+
+def _lesson(run, capsys, data_dir):
+    code = main(["lesson", "--checkpoint", str(run), "--json", "--no-ppmi"])
+    out, err = capsys.readouterr()
+    if code != 0:
+        return [], err, None
+    report = _strict_json(out)
+    return _steps_in(report), json.dumps(report["left_out"]) + json.dumps(report["steps"]), None
+
+
+def _lab(path):
+    def drive(run, capsys, data_dir):
+        from starlette.testclient import TestClient
+
+        from andrea.embed import load_subject
+        from andrea.web.lab import create_app
+
+        with TestClient(create_app(load_subject(run)), raise_server_exceptions=False) as c:
+            if path == "growth":
+                info = c.get("/api/growth").json()
+                if not info["live"]:
+                    return [], info["note"], None
+                assert c.post("/api/growth/updates", json={}).status_code == 200
+                return info["steps"], " ".join(info["notes"]), None
+            r = c.get("/api/lesson")
+        if r.status_code != 200:
+            return [], r.json()["error"], None
+        return _steps_in(r.json()), json.dumps(r.json()["left_out"]) + json.dumps(r.json()["steps"]), None
+    return drive
+
+
+def _resume(run, capsys, data_dir):
+    """A resumed run reads its checkpoint's last snapshot (step 4) back as the base of the next ‖Δ‖."""
+    lines = []
+    train(tiny_config(data_dir), opts(max_steps=6, eval_every=4), data_dir, run, resume=True, log=lines.append,
+          progress=False)
+    noted = [line for line in lines if "snapshot of step 4" in line]
+    return ([] if noted else [4]), " ".join(noted), {4}
+
+
+def _bench_similarity(run, capsys, data_dir):
+    import importlib
+    from pathlib import Path
+
+    from andrea.wordsim import try_load_wordsets
+
+    bench = Path(__file__).resolve().parent.parent / "benchmarks"
+    sys.path.insert(0, str(bench))
+    try:
+        module = importlib.import_module("bench_similarity")
+    finally:
+        sys.path.remove(str(bench))
+    try:
+        _, rows = module.timeline_rows(run, try_load_wordsets())
+    except AndreaError as e:
+        return [], str(e), None
+    return [int(row[0].replace(",", "")) for row in rows], None, None  # it prints no notes of what it left out
+
+
+SNAPSHOTS_READ_BY = {  # SNAPSHOT_READERS: (the module that reads snapshots, a drive of it: (the steps it computed
+    # from, its notes or None where it shows none, the steps it reads or None for all))
+    "andrea embed timeline": ("andrea/cli/similarity.py", _embed_timeline),
+    "andrea lesson": ("andrea/lessons/embedding.py", _lesson),
+    "lab growth": ("andrea/web/lab_growth.py", _lab("growth")),
+    "lab lesson": ("andrea/lessons/embedding.py", _lab("lesson")),
+    "andrea train --resume": ("andrea/snapshots/store.py", _resume),
+    "bench_similarity": ("benchmarks/bench_similarity.py", _bench_similarity),
+}
+
+
+@pytest.mark.hostile
+def test_every_reader_of_snapshots_leaves_out_the_same_damaged_ones(data_dir, tmp_path, wordsets, capsys):
+    """A real run's snapshots damaged one way at a time (`seen` NaN, infinite or below 0, an angle
+    past 180°, a mean cosine NaN, a file under another step's name, zero rows in every one, another
+    run's snapshot in place of the run's last, after it or in place of its first): every reader
+    listed beside the gate (the timeline, both lessons, the lab's Growth view, a resumed run, the
+    benchmark) leaves the damaged ones out, computes nothing from them, says which where it shows
+    notes, and never prints a traceback or a verdict of NaN. Before: a traceback for `seen` NaN or
+    inf, "does not hold: the spread is nan" for zero rows, and another run's last snapshot kept while
+    the run's own before it was blamed, or silently taken as a resumed run's base. The list beside
+    the gate is the list driven here, and no other module reads snapshots."""
+    import re
+    from pathlib import Path
+
+    from andrea.snapshots.store import SNAPSHOT_READERS
+
+    assert set(SNAPSHOTS_READ_BY) == set(SNAPSHOT_READERS)
+    root = Path(__file__).resolve().parent.parent
+    callers = {f"{p.relative_to(root)}" for folder in ("andrea", "benchmarks") for p in sorted((root / folder).rglob("*.py"))
+               if re.search(r"\b(read_snapshot|Timeline)\(", p.read_text()) and p.name != "timeline.py"}
+    assert callers == {module for module, _ in SNAPSHOTS_READ_BY.values()}
+
+    cfg = tiny_config(data_dir)
+    train(cfg, opts(max_steps=4, eval_every=4), data_dir, tmp_path / "a", log=quiet, progress=False)
+    train(cfg, opts(max_steps=8, eval_every=4, seed=8), data_dir, tmp_path / "b", log=quiet, progress=False)
+    assert snapshot_steps(tmp_path / "a") == [0, 1, 2, 4] and snapshot_steps(tmp_path / "b") == [0, 1, 2, 4, 8]
+    assert Timeline(tmp_path / "a").notes == []
+    for case, (damage, bad) in _damages(tmp_path / "b").items():
+        for reader, (_, drive) in SNAPSHOTS_READ_BY.items():
+            run = tmp_path / f"{len(reader)}-{case.split()[0]}-{len(case)}"
+            shutil.rmtree(run, ignore_errors=True)
+            shutil.copytree(tmp_path / "a", run)
+            damage(run)
+            used, notes, reads = drive(run, capsys, data_dir)
+            assert not set(bad) & set(used), (case, reader, used)
+            if notes is not None:
+                named = [s for s in bad if re.search(rf"\bsteps? (\d+, )*{s}\b", notes)]  # "step 4", "steps 0, 1, 2, 4"
+                assert named == [s for s in bad if reads is None or s in reads], (case, reader, notes)
+                assert not re.search(r"\bnan\b", notes, re.IGNORECASE), (case, reader, notes)
+            assert "Traceback" not in "".join(capsys.readouterr()), (case, reader)
+            if reader in ("andrea lesson", "lab lesson") and case.startswith("zero rows"):  # walked, the steps saying why
+                assert '"verdict": "cannot check"' in notes and "0, 1, 2" in notes, (reader, notes)
+            if reader == "andrea embed timeline" and len(bad) < 4:
+                assert used == [s for s in (0, 1, 2, 4, 8) if s in snapshot_steps(run) and s not in bad], (case, used)

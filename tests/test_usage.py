@@ -137,12 +137,17 @@ def _forged(path, **changes):
 @pytest.mark.hostile
 @pytest.mark.parametrize("case", ["1-d continuations", "3-d continuations", "float counts", "string counts",
                                   "NaN", "negative", "alone above count", "ids past V", "member missing",
-                                  "continuations beyond the uses", "object array"])
+                                  "continuations beyond the uses", "object array",
+                                  "continuations whose sum overflows int64", "counts past 2^53"])
 def test_a_usage_file_with_the_right_tag_but_wrong_arrays_is_counted_again(tmp_path, case):
     out = _folder(tmp_path)
     truth = data_usage(TokenData(out), TOK)
     path = out / USAGE_FILE
     V = TOK.vocab_size
+    # four continuations of 2^62 uses each sum to 2^64, which int64 wraps to 0: "no more than the uses"
+    # held, and shares of 10^17 were shown
+    wrap_ids = np.where(np.arange(8) < 4, np.arange(8), -1).astype(np.int32)[None].repeat(V, 0)
+    wrap_counts = np.where(wrap_ids >= 0, 2**62, 0).astype(np.int64)
     forged = {"1-d continuations": {"next_ids": np.zeros(V, np.int32)},
               "3-d continuations": {"next_counts": np.zeros((V, 8, 2), np.int64)},
               "float counts": {"count": truth.count.astype(np.float64)},
@@ -153,7 +158,9 @@ def test_a_usage_file_with_the_right_tag_but_wrong_arrays_is_counted_again(tmp_p
               "ids past V": {"next_ids": np.where(truth.next_ids >= 0, V + 7, -1).astype(np.int32)},
               "member missing": {"alone": None},
               "continuations beyond the uses": {"next_counts": truth.next_counts * 1000},
-              "object array": {"count": np.array([None] * V, dtype=object)}}[case]
+              "object array": {"count": np.array([None] * V, dtype=object)},
+              "continuations whose sum overflows int64": {"next_ids": wrap_ids, "next_counts": wrap_counts},
+              "counts past 2^53": {"count": truth.count + 2**60, "alone": truth.alone + 2**60}}[case]
     _forged(path, **forged)
     again = data_usage(TokenData(out), TOK)  # neither a traceback nor the forged figures
     for a, b in ((again.count, truth.count), (again.alone, truth.alone), (again.next_ids, truth.next_ids),

@@ -268,6 +268,7 @@ def test_the_heads_scores_kept_with_each_snapshot_come_with_the_loss(client, run
 
     status, r = post(client, "/api/growth/heads", {})
     assert status == 200 and r["steps"] == timeline.steps and r["kinds"] == list(KINDS) and r["threshold"] == 0.3
+    assert r["note"] is None  # every row the run wrote passes andrea.metrics' gate
     rows = [row for row in read_metrics(run / "metrics.jsonl") if "heads" in row]
     for kind in KINDS:
         assert r["scores"][kind] == [row["heads"]["scores"][kind] for row in rows]

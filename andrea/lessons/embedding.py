@@ -449,7 +449,10 @@ def inputs_for(model, tokenizer, name: str, checkpoint, ppmi: bool = True, sets=
     path = Path(checkpoint)
     run = path if path.is_dir() else path.parent
     if snapshot_steps(run):
-        inp.timeline = Timeline(run, tokenizer)
+        try:
+            inp.timeline = Timeline(run, tokenizer)
+        except AndreaError as e:  # snapshots, but none the timeline can use: the steps that need them say why
+            inp.timeline_note = str(e).rstrip(".")
     else:
         inp.timeline_note = f"{run} holds no embedding snapshots (train with snapshots on, the default, to keep them)"
     _attach_data(inp, checkpoint, log)

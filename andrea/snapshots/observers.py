@@ -37,7 +37,7 @@ def make_growth(cfg: TrainConfig, model_cfg, tokenizer, data, out: Path, log, ck
     if ckpt is not None:
         growth.load_state_dict(ckpt.meta.get("growth", {"evals_seen": 0, "evals_kept": 0, "seen_ids": [],
                                                         "seen_counts": [], "last_step": None}),
-                               step, out / "latest.safetensors")
+                               step, out / "latest.safetensors", table=ckpt.model_state.get("wte.weight"))
     else:
         log(growth.describe())
     if sets is None:

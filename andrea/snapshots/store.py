@@ -25,13 +25,17 @@ previous snapshot's step, V, d, the recipe and each table's exact mean pairwise 
 State. What a checkpoint must carry to resume this exactly (the counts since the last snapshot,
 that snapshot's step, how many evaluations were seen and kept) is `state_dict()`; on `--resume`
 snapshots written after the checkpoint's step belong to a continuation that was lost and are
-removed, and the last one kept is read back as the base of the next ‖Δ‖ (when it is missing, as
-in a run folder copied without embeddings/, training goes on and says so, and the next snapshot
-has no ‖Δ‖). The first snapshot a process writes, resumed or not, first removes the temporary
-files of writes a kill cut short.
+removed, and the last one kept is read back as the base of the next ‖Δ‖ (when it is missing or
+damaged, as in a run folder copied without embeddings/, or, taken at the checkpoint's step, does
+not hold the checkpoint's table (`holds_table`: another run's), training goes on and says so, and
+the next snapshot has no ‖Δ‖). The first snapshot a process writes, resumed or not, first removes
+the temporary files of writes a kill cut short.
 
-Read back (`read_snapshot`), every field is checked before it is believed: the sizes, the row
-ids, every tensor's shape and finiteness, and each metadata field's type and range.
+Read back, a snapshot goes through one gate, `read_snapshot`: every field is checked before it is
+believed, the sizes, the row ids (at least one), every tensor's shape, type, finiteness and range
+(`seen` whole numbers from 0, ‖Δ‖ from 0, angles 0 to 180 degrees), and each metadata field's type
+and range, its step the one its file's name gives. Its readers are listed beside it
+(SNAPSHOT_READERS) and driven through the same damaged snapshots by tests/test_snapshots.py.
 """
 
 from __future__ import annotations
@@ -214,9 +218,11 @@ class Growth:
         return {"last_step": self.last_step, "evals_seen": self.evals_seen, "evals_kept": self.evals_kept,
                 "seen_ids": nz.tolist(), "seen_counts": self.seen[nz].tolist(), "rows": len(self.rows)}
 
-    def load_state_dict(self, d, step: int, where) -> None:
+    def load_state_dict(self, d, step: int, where, table: torch.Tensor | None = None) -> None:
         """Restore from a checkpoint's metadata (checked first), drop the snapshots after `step`,
-        and read the last one kept back as the base of the next ‖Δ‖."""
+        and read the last one kept back as the base of the next ‖Δ‖: where it was taken at the
+        checkpoint's step, it must hold the rows of the checkpoint's input table `table` (else it is
+        another run's, and the next snapshot has no base)."""
         def bad(field):
             raise AndreaError(f"{where}: its run state field 'growth.{field}' is damaged.")
 
@@ -241,14 +247,17 @@ class Growth:
             path = snapshot_path(self.dir.parent, last)
             try:
                 snap = read_snapshot(path)
+                if table is not None and last == step and not holds_table(snap, table):
+                    raise AndreaError("its table is not this checkpoint's: it is another run's")
                 if not torch.equal(snap.rows, self.rows_t):
                     self.keep_rows_of(snap, path)
                 previous = {name: snap.tables[name] for name in TABLES}
-            except (AndreaError, OSError):
-                # a run folder copied without embeddings/, or a damaged file: the training goes on, and
-                # the next snapshot has no predecessor to measure ‖Δ‖ against (it reads 0)
-                self.log(f"note: the embedding snapshot of step {last} ({path}) is missing or damaged; snapshots "
-                         f"go on from this step, the next one without ‖Δ‖ and angles.")
+            except (AndreaError, OSError) as e:
+                # a run folder copied without embeddings/, a damaged file or another run's: the training goes
+                # on, and the next snapshot has no predecessor to measure ‖Δ‖ against (it reads 0)
+                why = str(e).rstrip(".").replace(f"{path} ", "it ") if isinstance(e, AndreaError) else "it cannot be read"
+                self.log(f"note: the embedding snapshot of step {last} ({path}) is missing or damaged ({why}); "
+                         f"snapshots go on from this step, the next one without ‖Δ‖ and angles.")
         self.seen.zero_()
         self.seen[torch.tensor(seen_ids, dtype=torch.int64)] = torch.tensor(seen_counts, dtype=torch.int64)
         self.last_step, self.previous = last, previous
@@ -281,10 +290,22 @@ class Snapshot:
 MAX_SNAPSHOT_VOCAB = 1 << 24
 MAX_SNAPSHOT_D = 1 << 16
 
+# Every reader of snapshot files; each reads them through `read_snapshot` alone (the timeline's
+# readers through `andrea.snapshots.timeline.Timeline`, which also ties them to the run's checkpoint).
+SNAPSHOT_READERS = (
+    "andrea embed timeline",      # andrea.cli.similarity.cmd_timeline
+    "andrea lesson",              # andrea.lessons.embedding: init and sparse
+    "lab growth",                 # andrea.web.lab_growth
+    "lab lesson",                 # andrea.web.lab: the embedding lesson
+    "andrea train --resume",      # Growth.load_state_dict: the base of the next ‖Δ‖
+    "bench_similarity",           # benchmarks/bench_similarity.py: timeline_rows
+)
+
 
 def read_snapshot(path) -> Snapshot:
     """A snapshot file, every field checked: its size fields in range, its row ids distinct, in
-    order and below V, every tensor of its shape and finite; else one sentence naming it."""
+    order, below V and at least one, every tensor of its shape and type, finite and in its range,
+    its metadata of their types and ranges (the step its file's name gives); else one sentence naming it."""
     path = check_regular(path, "the embedding snapshot")
     try:
         with safe_open(str(path), "pt") as f:
@@ -295,23 +316,43 @@ def read_snapshot(path) -> Snapshot:
     need = {"rows", "seen"} | {f"{t}{s}" for t in TABLES for s in ("", "_mean", "_moved", "_angle")}
     if not isinstance(meta, dict) or not need <= tensors.keys() or not _count(meta.get("step")):
         raise AndreaError(f"{path} is not a whole embedding snapshot.")
+    named = _NAME.fullmatch(Path(path).name)
+    if named and int(named.group(1)) != meta["step"]:
+        raise AndreaError(f"{path} holds the snapshot of step {meta['step']:,}, not of the step its name gives.")
     V, d, rows = meta.get("vocab_size"), meta.get("d"), tensors["rows"]
     if not _count(V) or not 0 < V <= MAX_SNAPSHOT_VOCAB or not _count(d) or not 0 < d <= MAX_SNAPSHOT_D:
         raise AndreaError(f"{path} gives a vocabulary of {str(V)[:20]} rows of {str(d)[:20]} values, which no table has.")
     if rows.dtype != torch.int64 or rows.dim() != 1 or (len(rows) and (int(rows.min()) < 0 or int(rows.max()) >= V
                                                                       or bool((rows[1:] <= rows[:-1]).any()))):
         raise AndreaError(f"{path} keeps row ids that are not distinct ids below V = {V:,} in order.")
+    if not len(rows):
+        raise AndreaError(f"{path} keeps no rows of its table, so it shows nothing of it.")
     _check_meta(meta, path)
-    n = len(rows)
-    if tensors["seen"].shape != (n,):
-        raise AndreaError(f"{path} counts {len(tensors['seen'])} rows as seen, not its {n}.")
+    if meta.get("whole", len(rows) == V) != (len(rows) == V):
+        raise AndreaError(f"{path} says its table is {'' if meta['whole'] else 'not '}whole, but it keeps "
+                          f"{len(rows):,} rows of {V:,}.")
+    _check_tensors(tensors, len(rows), d, path)
+    return Snapshot(meta, tensors)
+
+
+def _check_tensors(tensors: dict, n: int, d: int, path) -> None:
+    """`seen` n counts (integers, none below 0); each table (n, d) of rows and its mean (d,), finite;
+    ‖Δ‖ (n,) not below 0, angles (n,) in degrees from 0 to 180."""
+    seen = tensors["seen"]
+    if seen.shape != (n,):
+        raise AndreaError(f"{path} counts {len(seen)} rows as seen, not its {n}.")
+    if seen.dtype not in (torch.int32, torch.int64) or bool((seen < 0).any()):
+        raise AndreaError(f"{path} counts the rows seen with other than whole numbers from 0.")
     for t in TABLES:
         if tensors[t].shape != (n, d) or not all(tensors[f"{t}{s}"].shape == (n,) for s in ("_moved", "_angle")) \
                 or tensors[f"{t}_mean"].shape != (d,):
             raise AndreaError(f"{path} holds tables of the wrong shape.")
-        if not all(bool(torch.isfinite(tensors[f"{t}{s}"].float()).all()) for s in ("", "_mean", "_moved", "_angle")):
+        if not all(tensors[f"{t}{s}"].is_floating_point() and bool(torch.isfinite(tensors[f"{t}{s}"].float()).all())
+                   for s in ("", "_mean", "_moved", "_angle")):
             raise AndreaError(f"{path} holds a table that is not finite.")
-    return Snapshot(meta, tensors)
+        moved, angle = tensors[f"{t}_moved"].float(), tensors[f"{t}_angle"].float()
+        if bool((moved < 0).any()) or bool((angle < 0).any()) or bool((angle > 180).any()):
+            raise AndreaError(f"{path} gives distances below 0 or angles outside 0 to 180 degrees.")
 
 
 def _check_meta(meta: dict, path) -> None:
@@ -328,6 +369,15 @@ def _check_meta(meta: dict, path) -> None:
     if not isinstance(means, dict) or any(not isinstance(v, (int, float)) or isinstance(v, bool) or not -1 <= v <= 1
                                           for v in means.values()) or not set(means) <= set(TABLES):
         raise AndreaError(f"{path} gives mean cosines that are not numbers in [-1, 1] of its tables.")
+
+
+def holds_table(snap: Snapshot, table: torch.Tensor) -> bool:
+    """Whether a snapshot holds the rows of `table` (a checkpoint's wte) exactly as `Growth.take`
+    stores them: the snapshot of the checkpoint's own step, of the run's own table."""
+    if tuple(table.shape) != (snap.meta["vocab_size"], snap.meta["d"]):
+        return False
+    stored = snap.tables["input"]
+    return torch.equal(table.detach().float().cpu()[snap.rows].to(stored.dtype), stored)
 
 
 def continues(before: Snapshot, after: Snapshot) -> bool:

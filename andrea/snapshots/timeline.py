@@ -19,10 +19,17 @@ mean of their rows, and results say so. A snapshot of a large table keeps only s
 whose tokens were not kept is reported as such.
 
 A snapshot that is not the run's own is left out, and `Timeline.notes` says which and why: one
-that cannot be read or fails `andrea.snapshots.store.read_snapshot`'s checks, one of another V than the
-run's tokenizer, of another table or row set than most of the run's, or one the next snapshot did
-not move from (a snapshot of another run put in its place, which would otherwise be judged as
-this run's start). The lesson and `andrea embed timeline` print the notes.
+that cannot be read or fails `andrea.snapshots.store.read_snapshot`'s checks, or is of another V
+than the run's tokenizer; and one off the chain that ties the snapshots to the run's own
+checkpoint (latest.safetensors, else the checkpoint named). The chain starts at the snapshot the
+checkpoint names as its last: taken at the checkpoint's step, it must hold the checkpoint's input
+table exactly, or it is another run's. From there it goes back through each snapshot the next one
+moved from, and forward through each one that moved from the one before
+(`andrea.snapshots.store.continues`), so another run's snapshot put in the folder is found at
+either end, never taken for the run's start or end. Snapshots of another table or row set than
+the checkpoint's snapshot are left out too. Without a checkpoint that names a snapshot, the chain
+starts at the newest snapshot of the table most of them keep. The lesson and `andrea embed
+timeline` print the notes.
 """
 
 from __future__ import annotations
@@ -31,12 +38,15 @@ import math
 import re
 from functools import lru_cache
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
+import torch
 
-from andrea.checkpoint import load_model
+from andrea.checkpoint import load_checkpoint, load_model
 from andrea.errors import AndreaError
-from andrea.snapshots.store import FOLDER, TABLES, continues, read_snapshot, snapshot_path, snapshot_steps
+from andrea.snapshots.store import FOLDER, TABLES, continues, holds_table, read_snapshot, snapshot_path, snapshot_steps
+from andrea.validate import is_int
 from andrea.vectors import cosine, nearest, unit_rows
 from andrea.wordsim import PAIR_SETS, WordIndex, null_spread, spearman, word_index
 
@@ -52,26 +62,36 @@ WHY_UNSEEN = {
 }
 
 
+class Mark(NamedTuple):
+    """A run's checkpoint, as far as it ties the chain of snapshots to the run."""
+
+    step: int  # the checkpoint's step
+    last: int  # the step of the last snapshot taken before it (at its step, or before)
+    table: torch.Tensor  # its input table (wte)
+    path: Path
+
+
 class Timeline:
     """The snapshots of one run folder, read on demand, with the tokenizer of its checkpoint."""
 
     def __init__(self, run_dir, tokenizer=None):
-        run = Path(run_dir)
-        if run.is_file():
-            run = run.parent
+        given = Path(run_dir)
+        run = given.parent if given.is_file() else given
         self.dir = run
         self.steps = snapshot_steps(run)
         if not self.steps:
             raise AndreaError(f"{run} holds no embedding snapshots ({FOLDER}/); train with snapshots on (the default) "
                               f"to record them.")
+        # the run's own checkpoint ties the chain of snapshots to the run: latest.safetensors, its end
+        own = run / "latest.safetensors" if (run / "latest.safetensors").is_file() else given
         if tokenizer is None:
-
             _, tokenizer, _ = load_model(run)
+        ckpt = _checkpoint_or_none(own)
         if tokenizer is None:
             raise AndreaError(f"the checkpoint in {run} holds no tokenizer to look words up with.")
         self.tokenizer = tokenizer
         self.notes = []  # the snapshots left out, each with why
-        first = self._check_snapshots(run, tokenizer.vocab_size)
+        first = self._check_snapshots(run, tokenizer.vocab_size, _mark(ckpt, own))
         self.V, self.d, self.recipe = first.meta["vocab_size"], first.meta["d"], first.meta.get("recipe", "v2")
         self.rows = first.rows.numpy()
         self.position = np.full(self.V, -1, dtype=np.int64)
@@ -86,40 +106,81 @@ class Timeline:
             stamp = None
         return _read(str(path), stamp)  # a file replaced since it was read is read again
 
-    def _check_snapshots(self, run, vocab_size: int):
+    def _leave_out(self, step: int, why: str) -> None:
+        self.notes.append(f"the snapshot of step {step:,} is left out: {why}")
+
+    def _check_snapshots(self, run, vocab_size: int, mark: Mark | None):
         """Leave out, each with a note, the snapshots that are not this run's: unreadable ones, those
-        of another V than the tokenizer's, those of another table or row set than most of the run's
-        (the newest of them breaking ties), and those the next snapshot did not move from
-        (`andrea.snapshots.store.continues`: a snapshot of another run put in its place). The first kept."""
-        read, kinds = {}, {}
+        of another V than the tokenizer's, the one the checkpoint's step names where it does not
+        hold the checkpoint's table, those of another table or row set than the run's own (the
+        checkpoint's snapshot's; without one, most of the run's, the newest breaking ties), and
+        those off the chain from the checkpoint's snapshot (`_chain`). The first kept."""
+        read = {}
         for step in self.steps:
             try:
                 snap = self.snapshot(step)
                 if snap.meta["vocab_size"] != vocab_size:
                     raise AndreaError(f"it has V = {snap.meta['vocab_size']:,}, the run's tokenizer {vocab_size:,}")
             except AndreaError as e:
-                self.notes.append(f"the snapshot of step {step:,} is left out: {str(e).rstrip('.')}")
+                self._leave_out(step, str(e).rstrip("."))
                 continue
             read[step] = snap
-            kinds.setdefault((snap.meta["d"], snap.rows.numpy().tobytes()), []).append(step)
+        anchor = self._own_anchor(read, mark)
         if not read:
-            raise AndreaError(f"{run} holds no usable embedding snapshot ({self.notes[0] if self.notes else ''}).")
-        kept = max(kinds.values(), key=lambda steps: (len(steps), steps[-1]))
+            steps = ", ".join(f"{step:,}" for step in self.steps)
+            raise AndreaError(f"{run} holds no usable embedding snapshot: those of steps {steps} are left out "
+                              f"({self.notes[0]}).")
+        kinds = {}
+        for step, snap in read.items():
+            kinds.setdefault((snap.meta["d"], snap.rows.numpy().tobytes()), []).append(step)
+        kept = next(steps for steps in kinds.values() if anchor in steps) if anchor is not None else \
+            max(kinds.values(), key=lambda steps: (len(steps), steps[-1]))
         for step in sorted(set(read) - set(kept)):
-            d = read[step].meta["d"]
-            self.notes.append(f"the snapshot of step {step:,} is left out: its table ({len(read[step].rows):,} rows of "
-                              f"{d}) is not the one the run's other snapshots keep")
-        anchor = kept[-1]
-        for step in reversed(kept[:-1]):
-            if continues(read[step], read[anchor]):
-                anchor = step
-            else:
-                kept.remove(step)
-                self.notes.append(f"the snapshot of step {step:,} is left out: the snapshot of step {anchor:,} did not "
-                                  f"move from its values, so it is another run's")
-        self.steps = kept
+            self._leave_out(step, f"its table ({len(read[step].rows):,} rows of {read[step].meta['d']}) is not the one the "
+                                  f"run's own snapshots keep")
+        if anchor is None:  # the newest snapshot at or before the checkpoint's step
+            anchor = ([s for s in kept if mark is None or s <= mark.step] or kept)[-1]
+        self.steps = self._chain(read, kept, anchor)
         self.notes.sort(key=lambda note: int(re.search(r"step ([\d,]+)", note).group(1).replace(",", "")))
-        return read[kept[0]]
+        return read[self.steps[0]]
+
+    def _own_anchor(self, read: dict, mark: Mark | None) -> int | None:
+        """The step of the run's last snapshot before its checkpoint, where the checkpoint names one
+        and it is this run's: taken at the checkpoint's step, it must hold the checkpoint's table
+        (`andrea.snapshots.store.holds_table`); taken before, a table of its size. A snapshot there
+        that does not is another run's: left out, with a note. None where there is no such mark."""
+        if mark is None or mark.last not in read:
+            return None
+        snap = read[mark.last]
+        if mark.last == mark.step:
+            own = holds_table(snap, mark.table)
+        else:
+            own = tuple(mark.table.shape) == (snap.meta["vocab_size"], snap.meta["d"])
+        if own:
+            return mark.last
+        del read[mark.last]
+        self._leave_out(mark.last, f"it does not hold the table of the run's checkpoint {mark.path.name} at that step, "
+                                   f"so it is another run's")
+        return None
+
+    def _chain(self, read: dict, kept: list[int], anchor: int) -> list[int]:
+        """The snapshots tied to `anchor` (the run's own) by `andrea.snapshots.store.continues`: going
+        back, each one the next snapshot moved from; going forward, each one that names the one before
+        as its previous step and moved from its values. The others are another run's, left out."""
+        chain = [anchor]
+        for step in reversed([s for s in kept if s < anchor]):
+            if continues(read[step], read[chain[0]]):
+                chain.insert(0, step)
+            else:
+                self._leave_out(step, f"the snapshot of step {chain[0]:,} did not move from its values, so it is "
+                                      f"another run's")
+        for step in [s for s in kept if s > anchor]:
+            if read[step].meta.get("previous") == chain[-1] and continues(read[chain[-1]], read[step]):
+                chain.append(step)
+            else:
+                self._leave_out(step, f"it did not move from the run's snapshot of step {chain[-1]:,}, so it is "
+                                      f"another run's")
+        return chain
 
     def at(self, step: int) -> int:
         """The snapshot step nearest to `step` at or before it (the first one before any)."""
@@ -147,6 +208,25 @@ class Timeline:
 @lru_cache(maxsize=64)
 def _read(path: str, stamp):
     return read_snapshot(path)
+
+
+def _checkpoint_or_none(path):
+    """The checkpoint at `path` (a file, or a run folder's own), or None where there is none that reads."""
+    try:
+        return load_checkpoint(path, optimizer=False)
+    except AndreaError:
+        return None
+
+
+def _mark(ckpt, path: Path) -> Mark | None:
+    """What of a run's checkpoint ties the chain of snapshots to the run; None where there is no
+    checkpoint, or it names no snapshot."""
+    growth = ckpt.meta.get("growth") if ckpt is not None else None
+    last = growth.get("last_step") if isinstance(growth, dict) else None
+    table = ckpt.model_state.get("wte.weight") if ckpt is not None else None
+    if not is_int(last) or not 0 <= last <= ckpt.step or table is None:
+        return None
+    return Mark(ckpt.step, last, table, Path(path))
 
 
 def _vec(m: np.ndarray, index: WordIndex, word: str) -> np.ndarray:

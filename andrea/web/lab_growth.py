@@ -14,7 +14,9 @@ snapshots (`andrea.snapshots.store`), these endpoints serve what `andrea.snapsho
 Otherwise GET /api/growth says why there is nothing to show and how to get it, and the others
 answer 400 with the same sentence. The word-similarity sets are read once, when the lab starts;
 requests name words and steps only, and read nothing but the snapshot files found at start and the
-run's metrics.jsonl (the heads' scores kept with each snapshot, and the training loss).
+run's metrics.jsonl (the heads' scores kept with each snapshot, and the training loss), whose rows
+pass `andrea.metrics.read_metrics`' gate first: a row not of its declared shape, or whose heads'
+scores are not of the model's blocks × heads, is left out and the heads' `note` says so.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from pathlib import Path
 
 from andrea.errors import AndreaError
 from andrea.heads import KINDS, PRESENT
-from andrea.metrics import read_metrics
+from andrea.metrics import read_metrics, row_kind
 from andrea.snapshots.store import FOLDER, TABLES, snapshot_steps
 from andrea.snapshots.timeline import Timeline, aligned_map, neighbours_at, pair_series, rho_series, row_updates
 from andrea.web.common import MAX_K, MAX_WORD_CHARS, finite
@@ -69,6 +71,7 @@ class GrowthViews:
 
     def __init__(self, subject):
         checkpoint, vocab_size = subject.checkpoint, subject.model.config.vocab_size
+        self.heads_shape = (subject.model.config.n_layer, subject.model.config.n_head)  # of metrics.jsonl's heads rows
         self.timeline: Timeline | None = None
         self.note = absent_note(checkpoint, subject.name)
         if self.note is None:
@@ -171,15 +174,21 @@ class GrowthViews:
 
     def growth_heads(self, f: Fields) -> dict:
         """Each head's score of each kind at the steps the run scored them (metrics.jsonl's "heads"
-        rows, andrea.heads), beside the training loss (its smoothed value) of every step."""
+        rows, andrea.heads), beside the training loss (its smoothed value) of every step. Only rows
+        that pass `andrea.metrics.read_metrics`' gate are drawn, the heads' scores of the model's
+        blocks × heads; `note` says which rows were left out, and why."""
         tl = self._live()
-        rows = read_metrics(tl.dir / "metrics.jsonl")
-        scored = [r for r in rows if isinstance(r.get("heads"), dict) and isinstance(r.get("step"), int)]
-        losses = [r for r in rows if "smma" in r and isinstance(r.get("step"), int)]
+        left_out = []
+        rows = read_metrics(tl.dir / "metrics.jsonl", self.heads_shape, left_out)
+        scored = [r for r in rows if row_kind(r) == "heads"]
+        losses = [r for r in rows if row_kind(r) == "step"]
+        note = (f"{len(left_out):,} row{'s' if len(left_out) > 1 else ''} of {tl.dir / 'metrics.jsonl'} left out, "
+                f"not of the shape andrea writes ({'; '.join(left_out[:3])}{'; …' if len(left_out) > 3 else ''})"
+                if left_out else None)
         if not scored:
-            return {"steps": [], "note": "this run kept no heads' scores (runs trained before andrea.heads, or with "
-                                         "snapshots off, have none)"}
+            why = "this run kept no heads' scores (runs trained before andrea.heads, or with snapshots off, have none)"
+            return {"steps": [], "note": f"{why}; {note}" if note else why}
         return finite({"steps": [r["step"] for r in scored], "threshold": PRESENT, "kinds": list(KINDS),
-                       "n": scored[-1]["heads"].get("n"),
+                       "n": scored[-1]["heads"]["n"], "note": note,
                        "scores": {k: [r["heads"]["scores"][k] for r in scored] for k in KINDS},
                        "loss": {"steps": [r["step"] for r in losses], "smoothed": [r["smma"] for r in losses]}})
