@@ -4,7 +4,7 @@ named by `$ANDREA_CACHE`.
     corpus/<source>/      the fetched sources' documents (andrea.corpus.registry)
     tokenizers/           the main job's fitted tokenizers, keyed by their settings (andrea.mainjob)
     shards/<fingerprint>/ the main job's token shards, keyed by the tokenizer (andrea.mainjob)
-    wordsets/             SimLex-999, WordSim-353 and the analogies (andrea.wordsim)
+    wordsets/             SimLex-999, WordSim-353 and the analogies (andrea.inside.wordsim)
     bench*/               what the benchmark scripts prepare for themselves
 """
 

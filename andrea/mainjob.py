@@ -22,6 +22,7 @@ from andrea.corpus.registry import DEFAULT_SOURCE_NAMES, fetch_default_corpus, s
 from andrea.decoding.generate import TextGenerator
 from andrea.errors import AndreaError
 from andrea.evaluate import final_evaluation, token_byte_lengths
+from andrea.inside.wordsim import fetch_wordsets
 from andrea.mainjob_settings import MAIN_RECIPE, RECIPE_SETTINGS, RESERVED_WORDS, SHAPES
 from andrea.metrics import read_metrics
 from andrea.model import ANDREA, tune_for_training
@@ -34,7 +35,6 @@ from andrea.tokenizer.sample import load_training_texts
 from andrea.tokenizer.train import TRAINER_VERSION, train_tokenizer
 from andrea.train import train
 from andrea.trainconfig import TrainConfig
-from andrea.wordsim import fetch_wordsets
 
 
 @dataclass

@@ -2,8 +2,8 @@
 
 metrics.jsonl holds one JSON object per line, each of one kind (`row_kind`): a step (loss,
 smoothed loss, lr, source, tokens/s, MFU), an evaluation (`eval`: loss and bits per byte per
-source), an audit (`audit`), the word-similarity scores (`similarity`, andrea.wordsim) and the
-heads' scores at a snapshot (`heads`, andrea.heads). Rows are appended as the run goes.
+source), an audit (`audit`), the word-similarity scores (`similarity`, andrea.inside.wordsim) and the
+heads' scores at a snapshot (`heads`, andrea.inside.heads). Rows are appended as the run goes.
 
 Read back, every row goes through one gate, `read_metrics`: a line that is no JSON object (cut off
 by a crash, garbage, null) and a row whose fields fail their declared shape (`valid_row`: the
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from andrea.errors import AndreaError
 from andrea.files import json_lines, open_regular, write_error_reason
-from andrea.heads import KINDS
+from andrea.inside.heads import KINDS
 from andrea.validate import number_in
 
 # Every reader of metrics.jsonl's rows; each reads them through `read_metrics` alone.
@@ -146,7 +146,7 @@ def heads_shape_of(value) -> tuple[int, int] | None:
 
 
 def _heads_fault(value, shape: tuple[int, int] | None) -> str | None:
-    """Why a row's "heads" is not what andrea.heads.score_heads writes: {"n", "scores": {kind: (L, heads)
+    """Why a row's "heads" is not what andrea.inside.heads.score_heads writes: {"n", "scores": {kind: (L, heads)
     list of weights in [0, 1]}, "best": {kind: weight}}, every kind of KINDS, one shape for all."""
     if not isinstance(value, dict) or not number_in(value.get("n"), int, 2, MAX_N):
         return "its heads' scores name no sequence length n"

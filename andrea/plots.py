@@ -19,7 +19,7 @@ from andrea.files import atomic_output, write_error_reason
 from andrea.metrics import loss_curves, read_metrics
 
 if TYPE_CHECKING:
-    from andrea.embed import ParamGroup
+    from andrea.inside.embed import ParamGroup
 
 
 def pyplot():

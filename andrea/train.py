@@ -23,7 +23,7 @@ A run folder holds:
   curriculum.png       pulls, rewards and weights per source over time (with a curriculum)
   embeddings/          snapshots of the embedding tables at steps 0, 1, 2, 4, … and at every
                        evaluation (`andrea.snapshots.store`); with the word-similarity sets fetched, every
-                       evaluation also writes their scores to metrics.jsonl (`andrea.wordsim`)
+                       evaluation also writes their scores to metrics.jsonl (`andrea.inside.wordsim`)
   train.json           the settings of the run
   .lock                held by the running process: a second run in the same folder is refused
 A write killed by SIGKILL leaves its temporary file (NAME.tmp-PID-HEX); the next run, holding the
@@ -380,7 +380,7 @@ class Run:
 
     def observe(self, evaluation: bool) -> None:
         """An embedding snapshot, when one is due at this step (see `andrea.snapshots.store`), and with
-        it the scores of what each attention head attends to (andrea.heads)."""
+        it the scores of what each attention head attends to (andrea.inside.heads)."""
         if self.growth is None:
             return
         try:
@@ -391,7 +391,7 @@ class Run:
             self.growth = self.scorer = None
 
     def score_similarity(self, step: int, say) -> None:
-        """The word-similarity scores of both tables, into metrics.jsonl (see `andrea.wordsim`)."""
+        """The word-similarity scores of both tables, into metrics.jsonl (see `andrea.inside.wordsim`)."""
         if self.scorer is not None:
             score_similarity(self.model, self.scorer, self.growth, self.metrics_path, step, say)
 

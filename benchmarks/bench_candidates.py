@@ -90,7 +90,7 @@ def scores(checkpoint: str, data: str) -> dict:
     from bench_vocab import ppmi_scores
     from bench_vocab import scores as table_scores
 
-    from andrea.lessons import attention, embedding
+    from andrea.inside.lessons import attention, embedding
 
     say("scoring: the embedding lesson, word similarity and PPMI")
     table = table_scores(checkpoint)

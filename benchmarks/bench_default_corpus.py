@@ -12,7 +12,7 @@ lesson and the word-similarity scores need, without training a model:
              literary ones (higher: more text per model step);
   PPMI       Spearman ρ on SimLex-999 and WordSim-353 (all pairs, pieces averaged; n and the null
              spread 1/√(n − 1)) of the count-based reference on the mix's own training tokens
-             (`andrea.wordsim.ppmi_vectors`, ±2 tokens, SVD to --dim): what the text itself lets a
+             (`andrea.inside.wordsim.ppmi_vectors`, ±2 tokens, SVD to --dim): what the text itself lets a
              learner recover, before any network is trained on it.
 
     .venv/bin/python benchmarks/bench_default_corpus.py
@@ -49,8 +49,8 @@ def ppmi_scores(tok, index, names: list[str], dim: int, sets) -> dict:
     """ρ of the PPMI reference on the mix's training tokens (each document after a BOS)."""
     import numpy as np
 
+    from andrea.inside.wordsim import PAIR_SETS, ppmi_vectors, similarity
     from andrea.tokenizer.sample import load_documents
-    from andrea.wordsim import PAIR_SETS, ppmi_vectors, similarity
 
     ids = [np.asarray(t, dtype=np.int64) for n in names for t in tok.encode_batch(load_documents(n, "train"))]
     vectors = ppmi_vectors([np.concatenate(ids)], tok.vocab_size, dim)
@@ -64,8 +64,8 @@ def rho(s: dict) -> str:
 
 
 def measure(names: list[str], n_segments: int, dim: int, sets) -> list:
+    from andrea.inside.wordsim import LESSON_WORDS, word_index
     from andrea.mainjob import prepared_tokenizer
-    from andrea.wordsim import LESSON_WORDS, word_index
 
     t = time.perf_counter()
     tok, _ = prepared_tokenizer(n_segments, names, log=say)
@@ -88,7 +88,7 @@ def measure(names: list[str], n_segments: int, dim: int, sets) -> list:
 def main(argv=None) -> int:
     from andrea.corpus.registry import fetch_source
     from andrea.errors import AndreaError
-    from andrea.wordsim import LESSON_WORDS, load_wordsets
+    from andrea.inside.wordsim import LESSON_WORDS, load_wordsets
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--mixes", nargs="+", default=MIXES, metavar="A+B+...", help="source mixes (default: the everyday "

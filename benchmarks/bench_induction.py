@@ -2,7 +2,7 @@
 
 Trains a 2-block model (d 64, 2 heads of 32, context 128, batch 4 × 128, the main job's recipe v3
 with its own warm-up and decay) for a fixed number of minutes per seed, with snapshots on, so the
-run scores what each head attends to at steps 0, 1, 2, 4, … and at every evaluation (andrea.heads,
+run scores what each head attends to at steps 0, 1, 2, 4, … and at every evaluation (andrea.inside.heads,
 kept in metrics.jsonl; on sequences of the most used segments). Two heads a block, not four: an
 induction head is one head doing one job, and with four narrower heads the copying spreads over
 several of them. Reports per seed: the step and the tokens at which the best induction score
@@ -19,7 +19,7 @@ The data (--data):
            tokens, decoded, written three times in a row (BOS + p + p + p), prepared with the main
            job's tokenizer into runs/bench-induction/repeats-8-32; copying from context pays on two
            thirds of every document, as it does on the random sequences the heads are scored on.
-           The longest passage is the scored r's length (andrea.heads says why it is 32): a head
+           The longest passage is the scored r's length (andrea.inside.heads says why it is 32): a head
            learns the distances it is shown. In exploratory runs, with passages of 8 to 63 one seed
            formed no head in 13,650 steps; in a context of 64 with passages of 8 to 31, none in 10,000.
   main     the main job's shards as they are
@@ -47,7 +47,7 @@ from common import REPO, machine_line, main_job_data, md_table, say
 from andrea.checkpoint import load_model
 from andrea.config import ModelConfig, count_params
 from andrea.errors import AndreaError
-from andrea.heads import COMMON, PRESENT, score_heads, sequence_length
+from andrea.inside.heads import COMMON, PRESENT, score_heads, sequence_length
 from andrea.mainjob_settings import MAIN_SEGMENTS, RECIPE_SETTINGS
 from andrea.metrics import read_metrics
 from andrea.prepare import prepare
@@ -58,7 +58,7 @@ from andrea.trainconfig import TrainConfig
 D, HEADS, LAYERS, CONTEXT, BATCH = 64, 2, 2, 128, 4
 RECIPE = "v3"  # the main job's recipe, with its peak rate, warm-up and decay
 # the repeats data: a passage of 8 to 32 tokens, three times; 32 is the n of the scored BOS + r + r
-# (andrea.heads), so that training shows a copy at every distance the heads are scored at
+# (andrea.inside.heads), so that training shows a copy at every distance the heads are scored at
 COPIES, SHORTEST, LONGEST, DOCS = 3, 8, sequence_length(CONTEXT), 150_000
 WINDOW = 500  # steps of loss up to the crossing, compared with the WINDOW steps before them
 DISTANCES = (8, 16, 32, 48, (CONTEXT - 1) // 2)  # r's lengths the final models are scored at, up to the context's
@@ -175,7 +175,7 @@ def main() -> int:
     print(f"model: d {args.d}, {args.heads} heads, {LAYERS} blocks, context {CONTEXT}, V {V:,} ({count_params(cfg):,} parameters; "
           f"positions {args.pos}, recipe {RECIPE} as the main job sets it), data {args.data}, batch {BATCH} × {CONTEXT} = {BATCH * CONTEXT} tokens a step, "
           f"{' or '.join(sorted(minutes))} minutes a seed; heads scored at steps 0, 1, 2, 4, … and every "
-          f"250 (andrea.heads: mean attention weight on BOS + r + r, r drawn from the {COMMON:,} most used segments, a kind "
+          f"250 (andrea.inside.heads: mean attention weight on BOS + r + r, r drawn from the {COMMON:,} most used segments, a kind "
           f"present above {PRESENT}; r of {LONGEST} tokens, the longest distance between copies in training). Loss fall: the "
           f"smoothed training loss's fall over {WINDOW} steps / over the {WINDOW} up to the crossing (a bump at {BUMP:g}× or more). "
           f"{time.time() - start:.0f} s in all ({'; '.join(notes)}).")

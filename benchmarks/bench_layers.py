@@ -2,7 +2,7 @@
 
 For each run (default: the main job's 3 seeds, runs/main-corpus/segments-N-seed-*): a word's hidden
 state after each block at its last token, averaged over up to 16 uses in the training text
-(andrea.context_vectors), centred; Spearman ρ on SimLex-999 and WordSim-353 over the pairs whose
+(andrea.inside.context_vectors), centred; Spearman ρ on SimLex-999 and WordSim-353 over the pairs whose
 two words have at least 4 uses (words of several tokens included), beside the centred input table,
 the output head and PPMI counts of the same training tokens on the same pairs. Then the best block
 per seed and the mean over seeds.
@@ -23,11 +23,11 @@ import numpy as np
 from common import REPO, machine_line, md_table, say
 
 from andrea.checkpoint import load_model
-from andrea.context_vectors import CONTEXT, MIN_USES, USES, best_layer, block_vectors, layer_scores
 from andrea.errors import AndreaError
+from andrea.inside.context_vectors import CONTEXT, MIN_USES, USES, best_layer, block_vectors, layer_scores
+from andrea.inside.wordsim import PAIR_SETS, load_wordsets, model_tables, ppmi_vectors, train_token_chunks
 from andrea.mainjob_settings import MAIN_SEGMENTS
 from andrea.usage import run_data
-from andrea.wordsim import PAIR_SETS, load_wordsets, model_tables, ppmi_vectors, train_token_chunks
 
 NAMES = {"input": "input table (wte)", "output": "output head (lm_head)", "ppmi": "PPMI + SVD, same tokens"}
 SET_NAMES = {"simlex999": "SimLex", "wordsim353": "WordSim"}

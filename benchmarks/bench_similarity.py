@@ -2,7 +2,7 @@
 
 For the run's input table (wte) and output head (lm_head), raw and centred, and for the classic
 count-based reference on the same training tokens (PPMI of ±2-token co-occurrences reduced by SVD
-to d dimensions, `andrea.wordsim.ppmi_vectors`): Spearman ρ with n and the null spread
+to d dimensions, `andrea.inside.wordsim.ppmi_vectors`): Spearman ρ with n and the null spread
 1/√(n − 1), 3CosAdd accuracy, the mean cosine between rows, the lesson's cat·dog against
 cat·Tuesday. Then the same over the run's snapshots (the table learning), and what the snapshots
 and scores cost the run: the seconds the trainer's own timer counted, against its training time,
@@ -24,11 +24,11 @@ from pathlib import Path
 from common import machine_line, md_table
 from embedding_pairs import newest_main_checkpoint
 
-from andrea.embed import load_subject
 from andrea.errors import AndreaError
+from andrea.inside.embed import load_subject
+from andrea.inside.wordsim import LESSON_WORDS, load_wordsets, model_tables, ppmi_vectors, similarity, train_token_chunks, word_index
 from andrea.metrics import read_metrics
 from andrea.shards import open_token_data
-from andrea.wordsim import LESSON_WORDS, load_wordsets, model_tables, ppmi_vectors, similarity, train_token_chunks, word_index
 
 NAMES = {"input": "model, input table (wte)", "output": "model, output head (lm_head)", "ppmi": "PPMI + SVD, same tokens"}
 

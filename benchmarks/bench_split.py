@@ -6,7 +6,7 @@ fits that tokenizer on the main job's training text (an equal share per source, 
 segment count; cached under --out), tokenizes the default corpus with it, trains the main job's CPU
 model on it (the main job's recipe, batch and seed, --minutes), and then, for each token asked
 (default ␣cat and ␣pet), reads the residual stream at the token in up to 32 uses of each of its
-6 commonest words (`andrea.context_vectors.split_states`): the share of the spread between the
+6 commonest words (`andrea.inside.context_vectors.split_states`): the share of the spread between the
 words and leave-one-out naming, at the input row and after every block. Last, the same token's
 uses under the main job's own tokenizer (version 5, word ends), counted in its shards: what is
 left to pull apart there.
@@ -26,9 +26,9 @@ from common import REPO, machine_line, md_table, say
 
 from andrea.checkpoint import load_model
 from andrea.config import get_preset
-from andrea.context_vectors import CONTEXT, SPLIT_USES, SPLIT_WORDS, begun_words, split_states
 from andrea.corpus.registry import fetch_default_corpus
 from andrea.errors import AndreaError
+from andrea.inside.context_vectors import CONTEXT, SPLIT_USES, SPLIT_WORDS, begun_words, split_states
 from andrea.mainjob import MainJob, main_job_data
 from andrea.mainjob_settings import MAIN_SEGMENTS
 from andrea.prepare import prepare

@@ -9,11 +9,11 @@ sources and each; bits per byte do not depend on the vocabulary), the share of S
 WordSim-353's words that are single tokens in their word-initial form, the lesson's words that
 are, and the word-similarity scores of the centred input table (all pairs; n and null spread in
 the JSON, and over the pairs of words that stand alone in the run's training text) with the
-lesson's cos(␣cat, ␣dog) − cos(␣cat, ␣Tuesday) and its margin (andrea.wordsim.lesson_margin)
+lesson's cos(␣cat, ␣dog) − cos(␣cat, ␣Tuesday) and its margin (andrea.inside.wordsim.lesson_margin)
 against 3/√d, `andrea lesson`'s verdicts on its pairs and scores steps, and bench_chat.py's chat
 measure of the best checkpoint; beside them the
 same scores of the count-based reference on the same training tokens (PPMI of ±2-token
-co-occurrences, SVD to d, centred; `andrea.wordsim.ppmi_vectors`), once per segment count. With
+co-occurrences, SVD to d, centred; `andrea.inside.wordsim.ppmi_vectors`), once per segment count. With
 several seeds, a row of means ± standard deviations follows each count's runs.
 
     .venv/bin/python benchmarks/bench_vocab.py                               # 4096 6144 8192, 6 min each
@@ -41,7 +41,7 @@ from common import load_average, machine_line, md_table, say
 def table_scores(table: dict) -> dict:
     """ρ on both sets (all pairs, and pairs of words that stand alone where the usage is known) and
     the lesson's gap, of one centred table's report."""
-    from andrea.wordsim import lesson_margin
+    from andrea.inside.wordsim import lesson_margin
 
     cos = {k: v["cos"] for k, v in table["lesson"].items()}
     gap = cos["cat·dog"] - cos["cat·Tuesday"]
@@ -70,7 +70,7 @@ def chat_scores(checkpoint: str) -> dict:
 
 def lesson_verdicts(checkpoint: str) -> dict:
     """`andrea lesson`'s verdicts on the pairs and the scores steps (5 and 6) of the checkpoint."""
-    from andrea.lessons.embedding import load_inputs, step_pairs, step_scores
+    from andrea.inside.lessons.embedding import load_inputs, step_pairs, step_scores
 
     inp = load_inputs(checkpoint)
     return {step.__name__.removeprefix("step_"): step(inp).verdict for step in (step_pairs, step_scores)}
@@ -79,7 +79,7 @@ def lesson_verdicts(checkpoint: str) -> dict:
 def scores(checkpoint: str) -> dict:
     """Coverage and the centred input table's scores of a trained checkpoint."""
     from andrea.checkpoint import load_model
-    from andrea.wordsim import LESSON_WORDS, load_wordsets, model_tables, similarity, word_index
+    from andrea.inside.wordsim import LESSON_WORDS, load_wordsets, model_tables, similarity, word_index
 
     model, tok, _ = load_model(checkpoint)
     sets = load_wordsets()
@@ -93,8 +93,8 @@ def scores(checkpoint: str) -> dict:
 def ppmi_scores(checkpoint: str, data: str) -> dict:
     """The PPMI reference's centred scores on the run's training tokens."""
     from andrea.checkpoint import load_model
+    from andrea.inside.wordsim import load_wordsets, ppmi_vectors, similarity, train_token_chunks, word_index
     from andrea.shards import open_token_data
-    from andrea.wordsim import load_wordsets, ppmi_vectors, similarity, train_token_chunks, word_index
 
     model, tok, _ = load_model(checkpoint)
     sets = load_wordsets()
@@ -238,7 +238,7 @@ def main(argv=None) -> int:
           f"centred input table of the best checkpoint. Lesson gap: cos(␣cat, ␣dog) − cos(␣cat, ␣Tuesday), the "
           f"same table, whose cat·dog / cat·pet / cat·Tuesday / cat·xylophone cos θ are given (xylophone, where it "
           f"is several tokens, as their mean row); margin: the lesser of cat·dog and cat·pet less the greater of the "
-          f"unrelated pairs of single tokens (andrea.wordsim.lesson_margin); the target of both is 3/√d = "
+          f"unrelated pairs of single tokens (andrea.inside.wordsim.lesson_margin); the target of both is 3/√d = "
           f"{first['band']:.3f}. Lesson: `andrea lesson`'s verdicts on its steps 5 (pairs) and 6 (scores). Standing alone: ρ over the pairs whose two words are "
           f"single tokens {STANDALONE_RULE} of the run's training text (andrea.usage). Chat: bench_chat.py's share of "
           f"non-empty replies / of replies that end at the turn's end ({CHAT_REPLIES} replies a run). PPMI rows: the "

@@ -51,12 +51,12 @@ def held_out_bytes_per_token(encode, docs) -> float:
 def main(argv=None) -> int:
     from andrea.corpus import registry as corpus
     from andrea.errors import AndreaError
+    from andrea.inside.wordsim import PAIR_SETS, fetch_wordsets, load_wordsets
     from andrea.mainjob_settings import MAIN_SEGMENTS, RESERVED_WORDS
     from andrea.tokenizer.harris import FIRST_SEGMENT
     from andrea.tokenizer.sample import load_documents, load_training_texts
     from andrea.tokenizer.train import count_words, train_tokenizer
     from andrea.tokenizer.words import word_tokens
-    from andrea.wordsim import PAIR_SETS, fetch_wordsets, load_wordsets
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--segments", nargs="+", type=int, default=[6144, 8192, MAIN_SEGMENTS],

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
-from andrea.embed import load_subject, lookup, show_piece, word_vector
 from andrea.errors import AndreaError
-from andrea.vectors import table, vector_stats
+from andrea.inside.embed import load_subject, lookup, show_piece, word_vector
+from andrea.inside.vectors import table, vector_stats
 
 RELATED = [("cat", "dog"), ("cat", "pet"), ("king", "queen"), ("man", "woman")]
 UNRELATED = [("cat", "Tuesday"), ("cat", "xylophone"), ("king", "the")]

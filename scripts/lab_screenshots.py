@@ -193,7 +193,7 @@ def show_each_view(driver, url: str, out_dir: Path | None = None, words=("cat", 
     def compare():
         open_view(driver, url, "compare")
         driver.find_element(By.ID, "compare-lesson").click()
-        from andrea.wordsim import LESSON_PAIRS
+        from andrea.inside.wordsim import LESSON_PAIRS
 
         return wait_for(driver, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#compare-results .card")) == len(LESSON_PAIRS)
                         and state(d, "compare"), 60, "the lesson's comparisons")
@@ -240,8 +240,8 @@ def main(argv=None) -> int:
         print(f"lab_screenshots: --views takes names from {', '.join(VIEWS)}; got {args.views!r}.", file=sys.stderr)
         return 2
 
-    from andrea.embed import load_subject
     from andrea.errors import AndreaError
+    from andrea.inside.embed import load_subject
     from andrea.web.lab import LabServer
 
     found = find_browser()

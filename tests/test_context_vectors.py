@@ -1,4 +1,4 @@
-"""andrea.context_vectors and `andrea embed similarity --layer`: word vectors from the blocks."""
+"""andrea.inside.context_vectors and `andrea embed similarity --layer`: word vectors from the blocks."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ import torch
 from helpers import WORDS, opts, tiny_config
 
 from andrea.cli import main
-from andrea.context_vectors import (
+from andrea.errors import AndreaError
+from andrea.inside.blocks import residual_stream
+from andrea.inside.context_vectors import (
     BlockVectors,
     begun_words,
     best_layer,
@@ -23,12 +25,10 @@ from andrea.context_vectors import (
     separation,
     split_states,
 )
-from andrea.embed import residual_stream
-from andrea.errors import AndreaError
+from andrea.inside.wordsim import WordSets
 from andrea.model import ANDREA
 from andrea.shards import TokenData
 from andrea.train import train
-from andrea.wordsim import WordSets
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -76,16 +76,21 @@ def test_every_docs_page_is_linked_from_the_readme():
     assert not missing, f"docs pages the README does not link: {missing}"
 
 
-def readme_tree() -> list[str]:
+def readme_tree(folder: str | None = None) -> list[str]:
+    """The entries the README's tree lists under andrea/ (or under andrea/FOLDER, indented once more)."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     block = text.split("## Files", 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
     lines = block.splitlines()
     start = lines.index("andrea/")
-    entries = []
+    entries, under = [], None
     for line in lines[start + 1:]:
-        if not line.startswith("  ") or line.startswith("   "):
+        if not line.startswith("  "):
             break
-        entries.append(line.split()[0])
+        if not line.startswith("   "):
+            under = line.split()[0]
+            entries += [under] if folder is None else []
+        elif line.startswith("    ") and not line.startswith("     ") and folder is not None and under == folder + "/":
+            entries.append(line.split()[0])
     return entries
 
 
@@ -98,6 +103,13 @@ def test_the_readme_file_tree_lists_every_module_and_nothing_else():
     assert len(listed) == len(set(listed)), "an entry is listed twice"
     assert set(listed) == actual, (f"listed but absent: {sorted(set(listed) - actual)}; "
                                    f"present but not listed: {sorted(actual - set(listed))}")
+
+
+def test_the_readme_lists_every_module_of_the_looking_inside_folder():
+    package = ROOT / "andrea" / "inside"
+    actual = {p.name for p in package.glob("*.py") if p.name != "__init__.py"}
+    actual |= {p.name + "/" for p in package.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert sorted(readme_tree("inside")) == sorted(actual)
 
 
 def test_the_tree_reader_sees_the_tree():

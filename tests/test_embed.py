@@ -17,14 +17,14 @@ from andrea.checkpoint import save_checkpoint
 from andrea.cli import main
 from andrea.config import ModelConfig, get_preset
 from andrea.decoding.generate import generate_ids, generate_steps
-from andrea.embed import (
+from andrea.errors import AndreaError
+from andrea.formats.projector import write_projector
+from andrea.inside.blocks import attention, lens_logits, logit_lens
+from andrea.inside.embed import (
     ByteTokenizer,
-    attention,
     compare,
     forward_matrix,
-    lens_logits,
     load_subject,
-    logit_lens,
     lookup,
     map_points,
     neighbours,
@@ -35,13 +35,11 @@ from andrea.embed import (
     similarity_at_distances,
     similarity_by_distance,
 )
-from andrea.errors import AndreaError
-from andrea.formats.projector import write_projector
+from andrea.inside.vectors import cosine_matrix, nearest, pca_2d, tsne_2d
 from andrea.model import ANDREA, attention_weights
 from andrea.plots import plot_map, plot_parameter_groups, plot_position_similarity
 from andrea.positions import sinusoidal_table
 from andrea.tokenizer.harris import HarrisTokenizer
-from andrea.vectors import cosine_matrix, nearest, pca_2d, tsne_2d
 
 SEGMENTS = [" cat", " dog", " pet", "cat", " Tuesday", " the", "ing", " walk"]
 CAT, DOG, PET, CAT_BARE, TUESDAY, THE, ING, WALK = range(257, 257 + len(SEGMENTS))

@@ -17,7 +17,7 @@ from andrea import evals
 from andrea.config import BOS
 from andrea.decoding.generate import load as load_generator
 from andrea.formats import convert
-from andrea.heads import head_scores
+from andrea.inside.heads import head_scores
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = ROOT / "benchmarks" / "lm_eval_tasks"

@@ -626,7 +626,8 @@ def test_tiny_temperatures_and_top_p_are_the_argmax(lab_checkpoint):
 def test_tiny_temperatures_in_generate_the_lab_and_the_engine(lab_checkpoint, tmp_path, capsys):
     from starlette.testclient import TestClient
 
-    from andrea import embed, stdlib_engine
+    from andrea import stdlib_engine
+    from andrea.inside import embed
     from andrea.web.lab import create_app
 
     common = ["--checkpoint", lab_checkpoint, "--prompt", "the cat", "--max-new-tokens", "12"]

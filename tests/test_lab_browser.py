@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from andrea import embed
 from andrea.decoding.generate import generate_steps
-from andrea.wordsim import LESSON_PAIRS
+from andrea.inside import embed
+from andrea.inside.wordsim import LESSON_PAIRS
 
 _path = Path(__file__).resolve().parent.parent / "scripts" / "lab_screenshots.py"
 _spec = importlib.util.spec_from_file_location("lab_screenshots", _path)
@@ -156,7 +156,7 @@ def test_every_view_loads(browser, url):
 
 
 def test_the_lesson_tab_offers_the_three_walks_and_draws_their_figures(browser, url, subject):
-    from andrea.lessons import attention, block
+    from andrea.inside.lessons import attention, block
 
     shots.open_view(browser, url, "lesson")
     assert shots.wait_view_loaded(browser, "lesson") == "ready"
@@ -233,7 +233,7 @@ def test_the_growth_slider_changes_what_is_shown(browser, growth_url, growth_run
     slider = by_css(browser, "#growth-step")[0]
     assert slider.get_attribute("max") == str(len(tl.steps) - 1) and slider.get_attribute("value") == str(len(tl.steps) - 1)
     assert shots.text_of(browser, "growth-step-label") == f"step 16 · snapshot {len(tl.steps)} of {len(tl.steps)}"
-    # each head's scores over the steps, kept with each snapshot (andrea.heads), next to the loss
+    # each head's scores over the steps, kept with each snapshot (andrea.inside.heads), next to the loss
     assert shots.wait_for(browser, lambda d: by_css(d, "#growth-heads .main-svg") and by_css(d, "#growth-loss .main-svg"), 30)
     assert len(by_css(browser, "#growth-heads .scatterlayer .trace")) == 2 * 2  # blocks × heads
     # the last step: neighbours, map and the last interval's updates are the library's

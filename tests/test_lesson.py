@@ -1,4 +1,4 @@
-"""andrea.lessons.embedding and `andrea lesson`: every verdict on a case built to hold and on one built not to."""
+"""andrea.inside.lessons.embedding and `andrea lesson`: every verdict on a case built to hold and on one built not to."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 
 from andrea.cli import main
 from andrea.config import ModelConfig
-from andrea.lessons.embedding import (
+from andrea.inside.lessons.embedding import (
     Inputs,
     load_inputs,
     step_dot,
@@ -24,7 +24,8 @@ from andrea.lessons.embedding import (
     step_tables,
     step_untied,
 )
-from andrea.lessons.report import CANNOT, CAVEAT, FAILS, HOLDS
+from andrea.inside.lessons.report import CANNOT, CAVEAT, FAILS, HOLDS
+from andrea.inside.wordsim import LESSON_PAIRS, WordSets, lesson_margin
 from andrea.model import ANDREA
 from andrea.snapshots.store import Growth
 from andrea.snapshots.timeline import Timeline
@@ -32,7 +33,6 @@ from andrea.tokenizer.harris import HarrisTokenizer
 from andrea.train import train
 from andrea.trainconfig import TrainConfig
 from andrea.usage import count_usage, starts_word
-from andrea.wordsim import LESSON_PAIRS, WordSets, lesson_margin
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -317,8 +317,8 @@ def test_the_json_report_writes_null_for_a_number_that_is_not_finite(capsys):
     """NaN and ±inf are no JSON: a step whose numbers hold them is printed with null in their place,
     which every JSON reader takes (json.loads with NaN refused)."""
     from andrea.cli.common import print_json
-    from andrea.lessons.embedding import Inputs, to_json
-    from andrea.lessons.report import Step
+    from andrea.inside.lessons.embedding import Inputs, to_json
+    from andrea.inside.lessons.report import Step
 
     tok = HarrisTokenizer([" cat", " dog"])
     model = ANDREA(ModelConfig(vocab_size=tok.vocab_size, n_embd=8, n_head=2, n_layer=1, block_size=8))

@@ -1,4 +1,4 @@
-"""andrea.lessons.attention and `andrea lesson attention`: each verdict on a model built to hold and on one built not to."""
+"""andrea.inside.lessons.attention and `andrea lesson attention`: each verdict on a model built to hold and on one built not to."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ import torch
 import torch.nn.functional as F
 from helpers import opts, tiny_config
 
-from andrea import heads
 from andrea.checkpoint import save_checkpoint
 from andrea.cli import main
 from andrea.config import BOS, N_SPECIAL, ModelConfig
 from andrea.errors import AndreaError
-from andrea.lessons import attention as lesson
-from andrea.lessons.report import CANNOT, CAVEAT, FAILS, HOLDS
+from andrea.inside import heads
+from andrea.inside.lessons import attention as lesson
+from andrea.inside.lessons.report import CANNOT, CAVEAT, FAILS, HOLDS
 from andrea.model import ANDREA
 from andrea.shards import TokenData
 from andrea.tokenizer.harris import HarrisTokenizer

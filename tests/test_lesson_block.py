@@ -1,4 +1,4 @@
-"""andrea.lessons.block and `andrea lesson block`: each verdict on a model built to hold and on one built not to."""
+"""andrea.inside.lessons.block and `andrea lesson block`: each verdict on a model built to hold and on one built not to."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from andrea.cli import main
 from andrea.config import ModelConfig, count_params, get_preset
 from andrea.errors import AndreaError
 from andrea.evaluate import bits_per_byte, position_nats
-from andrea.lessons import block as lesson
-from andrea.lessons.report import CANNOT, CAVEAT, FAILS, HOLDS
+from andrea.inside.lessons import block as lesson
+from andrea.inside.lessons.report import CANNOT, CAVEAT, FAILS, HOLDS
 from andrea.model import ANDREA, activate
 from andrea.shards import TokenData
 from andrea.tokenizer.harris import HarrisTokenizer

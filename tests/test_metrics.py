@@ -140,7 +140,7 @@ def _lab_heads(run, cache):
     """POST /api/growth/heads of a lab on the run: (its answer without the note, the note)."""
     from starlette.testclient import TestClient
 
-    from andrea import embed
+    from andrea.inside import embed
     from andrea.web.lab import create_app
 
     with pytest.MonkeyPatch.context() as mp:

@@ -23,7 +23,7 @@ def test_labels_that_look_like_formulas_are_drawn_as_text(tmp_path):
 
 
 def test_a_failed_write_leaves_the_old_picture_whole_and_says_so(tmp_path, monkeypatch):
-    from andrea.embed import ParamGroup
+    from andrea.inside.embed import ParamGroup
 
     groups = [ParamGroup("token embedding (wte)", "10 × 4", 40, 0.4, True),
               ParamGroup("embedding total", "", 40, 0.4, False), ParamGroup("total", "", 100, 1.0, False)]

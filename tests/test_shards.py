@@ -232,7 +232,7 @@ def _cli_refusal(*args):
 
 def _lab(view):
     def drive(capsys, run, data, out, model_json):
-        from andrea.embed import load_subject
+        from andrea.inside.embed import load_subject
         from andrea.web.http import Fields, RequestError
         from andrea.web.lab import LabViews
 

@@ -103,7 +103,7 @@ def test_the_timeline_reads_the_run_back(data_dir, tmp_path, wordsets, capsys):
     ps = pair_series(tl, [("cat", "dog"), ("cat", "mat")])
     assert ps["steps"] == tl.steps == [0, 1, 2, 4, 8] and len(ps["series"]["cat·dog"]) == 5
     assert ps["band"] == pytest.approx(1 / math.sqrt(32))
-    from andrea.wordsim import load_wordsets
+    from andrea.inside.wordsim import load_wordsets
 
     rs = rho_series(tl, load_wordsets())
     assert rs["sets"]["simlex999"]["n"] == 28 and len(rs["sets"]["wordsim353"]["rho"]) == 5
@@ -443,7 +443,7 @@ def _lab(path):
     def drive(run, capsys, data_dir):
         from starlette.testclient import TestClient
 
-        from andrea.embed import load_subject
+        from andrea.inside.embed import load_subject
         from andrea.web.lab import create_app
 
         with TestClient(create_app(load_subject(run)), raise_server_exceptions=False) as c:
@@ -473,7 +473,7 @@ def _bench_similarity(run, capsys, data_dir):
     import importlib
     from pathlib import Path
 
-    from andrea.wordsim import try_load_wordsets
+    from andrea.inside.wordsim import try_load_wordsets
 
     bench = Path(__file__).resolve().parent.parent / "benchmarks"
     sys.path.insert(0, str(bench))
@@ -491,9 +491,9 @@ def _bench_similarity(run, capsys, data_dir):
 SNAPSHOTS_READ_BY = {  # SNAPSHOT_READERS: (the module that reads snapshots, a drive of it: (the steps it computed
     # from, its notes or None where it shows none, the steps it reads or None for all))
     "andrea embed timeline": ("andrea/cli/similarity.py", _embed_timeline),
-    "andrea lesson": ("andrea/lessons/embedding.py", _lesson),
+    "andrea lesson": ("andrea/inside/lessons/embedding.py", _lesson),
     "lab growth": ("andrea/web/lab_growth.py", _lab("growth")),
-    "lab lesson": ("andrea/lessons/embedding.py", _lab("lesson")),
+    "lab lesson": ("andrea/inside/lessons/embedding.py", _lab("lesson")),
     "andrea train --resume": ("andrea/snapshots/store.py", _resume),
     "bench_similarity": ("benchmarks/bench_similarity.py", _bench_similarity),
 }

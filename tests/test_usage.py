@@ -94,7 +94,7 @@ def test_neighbours_say_how_the_word_is_used_and_whole_words_mean_standalone_one
     from andrea.checkpoint import save_checkpoint
     from andrea.cli import main
     from andrea.config import ModelConfig
-    from andrea.embed import neighbours
+    from andrea.inside.embed import neighbours
     from andrea.model import ANDREA
 
     (tmp_path / "a.txt").write_text((" cats cats cats cat dog dog pet.\n\n") * 4000)
@@ -274,7 +274,7 @@ def test_the_commands_and_the_lab_count_again_over_a_forged_usage_file_and_refus
     from starlette.testclient import TestClient
 
     from andrea.cli import main
-    from andrea.embed import load_subject
+    from andrea.inside.embed import load_subject
     from andrea.web.lab import create_app
 
     out = _folder(tmp_path, (" cats cats cats cat dog dog pet.\n\n") * 4000)

@@ -1,4 +1,4 @@
-"""andrea.vectors: one cosine, one nearest, one whole-word rule, and the views that use them agree."""
+"""andrea.inside.vectors: one cosine, one nearest, one whole-word rule, and the views that use them agree."""
 
 import math
 
@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from andrea.config import ModelConfig
-from andrea.embed import neighbours
+from andrea.inside.embed import neighbours
+from andrea.inside.vectors import cosine, cosine_matrix, nearest, scores, unit_rows, vector_stats, whole_word_mask
 from andrea.model import ANDREA
 from andrea.snapshots.store import Growth
 from andrea.snapshots.timeline import Timeline, neighbours_at
 from andrea.tokenizer.harris import HarrisTokenizer
-from andrea.vectors import cosine, cosine_matrix, nearest, scores, unit_rows, vector_stats, whole_word_mask
 
 
 def test_vector_stats_match_hand_computed_values():

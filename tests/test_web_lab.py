@@ -22,12 +22,12 @@ from helpers import LONG_INT, raw_get_at
 from starlette.testclient import TestClient
 
 import andrea.web
-from andrea import embed
-from andrea.decoding.generate import generate_steps
 from andrea.cli import main
+from andrea.decoding.generate import generate_steps
+from andrea.inside import blocks, embed
+from andrea.inside.wordsim import LESSON_PAIRS, LESSON_RELATED
 from andrea.web import lab as web
 from andrea.web.lab import LabServer, create_app
-from andrea.wordsim import LESSON_PAIRS, LESSON_RELATED
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -78,9 +78,9 @@ def test_endpoints_return_what_the_library_returns(client, subject):
     code, r = post(client, "/api/compare", {"a": "cat", "b": "dog"})
     assert code == 200 and r == json.loads(json.dumps(embed.compare(m, tok, "cat", "dog")))
     code, r = post(client, "/api/lens", {"prompt": "the cat sat", "k": 3})
-    assert code == 200 and r == json.loads(json.dumps(embed.logit_lens(m, tok, "the cat sat", 3)))
+    assert code == 200 and r == json.loads(json.dumps(blocks.logit_lens(m, tok, "the cat sat", 3)))
     code, r = post(client, "/api/attention", {"prompt": "the cat sat"})
-    expected = embed.attention(m, tok, "the cat sat")
+    expected = blocks.attention(m, tok, "the cat sat")
     assert code == 200 and r["pieces"] == expected["pieces"]
     np.testing.assert_allclose(r["patterns"], expected["patterns"], atol=1e-4)
     code, r = post(client, "/api/map", {"words": ["cat", "dog", "mat", "kings"]})
@@ -97,7 +97,7 @@ def test_endpoints_return_what_the_library_returns(client, subject):
     assert len(r["heatmap"]) == m.config.block_size
     info = client.get("/api/info").json()
     assert info["config"]["n_embd"] == m.config.n_embd and "cat" in info["suggestions"]
-    # the page's lesson pairs are andrea.wordsim's, related first (lab.js keeps no copy)
+    # the page's lesson pairs are andrea.inside.wordsim's, related first (lab.js keeps no copy)
     assert info["lesson_pairs"] == [list(p) for p in LESSON_PAIRS] and info["lesson_related"] == len(LESSON_RELATED)
     assert "Tuesday" not in (Path(andrea.web.__file__).parent / "static" / "lab.js").read_text()
 
@@ -317,7 +317,7 @@ def test_the_lab_answers_400_to_bodies_at_python_limits(lab_checkpoint):
     16 KB): 400 with one sentence, never 500."""
     from starlette.testclient import TestClient
 
-    from andrea import embed
+    from andrea.inside import embed
     from andrea.web.lab import create_app
 
     with TestClient(create_app(embed.load_subject(lab_checkpoint)), raise_server_exceptions=False) as client:
@@ -333,7 +333,7 @@ def test_the_lab_on_any_loopback_address_answers_only_this_machines_names(lab_ch
     """A DNS-rebinding page reaches the lab under its own name (Host: evil.example) on whatever
     loopback address the lab listens on: refused on 127.0.0.2, ::1 and ::ffff:127.0.0.1 (loopback,
     though Python 3.11's ipaddress does not say so) as on 127.0.0.1."""
-    from andrea import embed
+    from andrea.inside import embed
     from andrea.web.lab import LabServer
 
     try:
@@ -354,10 +354,10 @@ def test_the_lab_on_any_loopback_address_answers_only_this_machines_names(lab_ch
 
 
 def test_the_lesson_view_walks_every_claim_on_the_loaded_model(client, subject):
-    """/api/lesson: the nine steps of andrea.lessons.embedding in order, each with a verdict; a bare model file
+    """/api/lesson: the nine steps of andrea.inside.lessons.embedding in order, each with a verdict; a bare model file
     has no snapshots, so the two steps that need them say so."""
-    from andrea.lessons.embedding import STEPS
-    from andrea.lessons.report import VERDICTS
+    from andrea.inside.lessons.embedding import STEPS
+    from andrea.inside.lessons.report import VERDICTS
 
     r = client.get("/api/lesson")
     assert r.status_code == 200

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 from starlette.testclient import TestClient
 
-from andrea import embed
+from andrea.inside import embed
+from andrea.inside.wordsim import LESSON_PAIRS, load_wordsets
 from andrea.shards import TokenData
 from andrea.snapshots.store import snapshot_steps
 from andrea.snapshots.timeline import WHY_UNSEEN, Timeline, aligned_map, neighbours_at, pair_series, rho_series, row_updates
 from andrea.web import lab_growth as web_growth
 from andrea.web.lab import create_app
-from andrea.wordsim import LESSON_PAIRS, load_wordsets
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -91,7 +91,7 @@ def test_endpoints_return_what_the_timeline_computes(client, growth_run, timelin
 
 def test_rho_series_is_the_cosine_of_each_pairs_mean_rows(growth_run, timeline):
     """rho_series (vectorised) against ρ computed pair by pair from the full snapshot matrices."""
-    from andrea.wordsim import PAIR_SETS, spearman
+    from andrea.inside.wordsim import PAIR_SETS, spearman
 
     sets = load_wordsets(growth_run[1] / "wordsets", own=True)
     index = timeline.index((), sets)
@@ -157,7 +157,7 @@ def test_a_checkpoint_inside_the_run_folder_finds_its_snapshots(run):
 
 
 def test_the_layers_view_scores_what_the_library_scores(client, growth_run, subject):
-    from andrea.context_vectors import score_layers
+    from andrea.inside.context_vectors import score_layers
     from andrea.usage import run_data
 
     code, r = post(client, "/api/layers", {"uses": 4})
@@ -263,7 +263,7 @@ def test_bodies_methods_and_queries(client, capfd):
 
 
 def test_the_heads_scores_kept_with_each_snapshot_come_with_the_loss(client, run, timeline):
-    from andrea.heads import KINDS
+    from andrea.inside.heads import KINDS
     from andrea.metrics import read_metrics
 
     status, r = post(client, "/api/growth/heads", {})

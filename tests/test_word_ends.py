@@ -16,11 +16,11 @@ from hypothesis import strategies as st
 import andrea.tokenizer.harris as harris
 from andrea.cli import main
 from andrea.errors import AndreaError
+from andrea.inside.vectors import whole_word_mask
 from andrea.stdlib_engine import Tokenizer as EngineTokenizer
 from andrea.tokenizer.harris import WORD_RE, HarrisTokenizer
 from andrea.tokenizer.train import count_words, train_tokenizer
 from andrea.tokenizer.words import data_word_counts, word_tokens
-from andrea.vectors import whole_word_mask
 
 SEGMENTS = [" cat", " cat</w>", "s</w>", "egory</w>", " the</w>", " do", "og</w>", "'s", "ing", "ing</w>", " sing</w>"]
 
@@ -157,7 +157,7 @@ def test_word_counts_decoded_from_shards_are_the_texts_and_the_lab_shows_purity_
 
     from andrea.checkpoint import save_checkpoint
     from andrea.config import ModelConfig
-    from andrea.embed import load_subject
+    from andrea.inside.embed import load_subject
     from andrea.model import ANDREA
     from andrea.prepare import prepare
     from andrea.shards import TokenData

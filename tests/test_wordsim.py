@@ -14,10 +14,10 @@ import pytest
 from helpers import DEEP, cli, one_sentence
 from scipy import sparse
 
-from andrea import wordsim
 from andrea.config import BOS, N_SPECIAL
 from andrea.errors import AndreaError
-from andrea.wordsim import (
+from andrea.inside import wordsim
+from andrea.inside.wordsim import (
     WordIndex,
     WordSets,
     analogy_accuracy,
@@ -236,8 +236,8 @@ def test_a_runs_train_json_that_is_not_a_record_ends_embed_similarity_in_one_sen
 def test_pairs_of_words_that_stand_alone_are_scored_apart_when_usage_is_known():
     """With the training data's usage (andrea.usage), pair_scores adds the pairs whose two words are
     single tokens standing alone; without it, that group is absent."""
+    from andrea.inside.wordsim import pair_scores, word_index
     from andrea.tokenizer.harris import HarrisTokenizer
-    from andrea.wordsim import pair_scores, word_index
 
     words = ["cat", "dog", "pet", "red", "blue"]
     tok = HarrisTokenizer([" " + w for w in words])
@@ -263,7 +263,7 @@ def test_a_damaged_word_set_cache_is_named_listed_and_fetched_again(tmp_path, mo
     import os
 
     from andrea.cli import main
-    from andrea.wordsim import MAX_WORDSET_BYTES, extract_wordsets, fetch_wordsets, try_load_wordsets
+    from andrea.inside.wordsim import MAX_WORDSET_BYTES, extract_wordsets, fetch_wordsets, try_load_wordsets
 
     cache = tmp_path / "cache"
     monkeypatch.setenv("ANDREA_CACHE", str(cache))
@@ -271,7 +271,7 @@ def test_a_damaged_word_set_cache_is_named_listed_and_fetched_again(tmp_path, mo
     wheel = tmp_path / "w.whl"
     files = {"simlex999.txt": "# h\ncat\tdog\t8\ncat\tmat\t2\nking\tqueen\t7\n",
              "wordsim353.tsv": "# h\ncat\tdog\t8\ncat\tmat\t2\nking\tqueen\t9\n", "questions-words.txt": ": s\nking queen cat dog\n"}
-    monkeypatch.setattr("andrea.wordsim.WORDSETS_SHA256", fake_wheel(wheel, files))
+    monkeypatch.setattr("andrea.inside.wordsim.WORDSETS_SHA256", fake_wheel(wheel, files))
     pin(monkeypatch, files)
     root = cache / "wordsets"
     extract_wordsets(wheel, root)

@@ -19,7 +19,7 @@ def cmd_data_fetch(args) -> int:
     from andrea.errors import AndreaError
 
     if "wordsets" in args.sources:
-        from andrea.wordsim import fetch_wordsets
+        from andrea.inside.wordsim import fetch_wordsets
 
         path = fetch_wordsets()
         print(f"{'wordsets':<12} SimLex-999, WordSim-353, Google analogies  {path}")
@@ -77,7 +77,7 @@ def cmd_data_list(args) -> int:
                          "sha256": source.sha256, "licence": source.licence, "fetched": meta is not None, "meta": meta,
                          "damaged": problem})
     from andrea.cache import wordsets_dir
-    from andrea.wordsim import WORDSETS_LICENCE, WORDSETS_SHA256, WORDSETS_WHEEL, wordsets_problem
+    from andrea.inside.wordsim import WORDSETS_LICENCE, WORDSETS_SHA256, WORDSETS_WHEEL, wordsets_problem
 
     fetched = (wordsets_dir() / "meta.json").exists()
     rows.append({"name": "wordsets", "set": "eval", "description": "word similarity: SimLex-999, WordSim-353, "

@@ -11,7 +11,7 @@ from andrea.validate import MAX_SEED, flag_number, parse_number
 
 
 def _subject(args, meta: bool = False):
-    from andrea.embed import load_subject
+    from andrea.inside.embed import load_subject
 
     check_source(args)
     return load_subject(args.checkpoint, args.preset, args.seed, args.tokenizer, meta=meta)
@@ -28,7 +28,7 @@ def _header(subject, lookups: bool = True) -> None:
 
 
 def _describe(lk: dict) -> str:
-    from andrea.embed import FORM_NOTES, show_piece
+    from andrea.inside.embed import FORM_NOTES, show_piece
 
     form = "" if lk["form"] in ("id", "as typed") else f" ({FORM_NOTES[lk['form']]})"
     if lk["single"]:
@@ -47,7 +47,7 @@ def _notes(*lks: dict) -> None:
 
 
 def cmd_table(args) -> int:
-    from andrea.embed import parameter_groups
+    from andrea.inside.embed import parameter_groups
     from andrea.plots import plot_parameter_groups
 
     subject = _subject(args, meta=True)
@@ -73,7 +73,7 @@ def cmd_table(args) -> int:
 
 
 def cmd_show(args) -> int:
-    from andrea.embed import show_piece, show_tokens
+    from andrea.inside.embed import show_piece, show_tokens
 
     subject = _subject(args)
     rows = show_tokens(subject.model, subject.tokenizer, args.text, args.values)
@@ -97,7 +97,7 @@ def cmd_show(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from andrea.embed import compare
+    from andrea.inside.embed import compare
 
     subject = _subject(args)
     r = compare(subject.model, subject.tokenizer, args.a, args.b, bare=args.bare)
@@ -122,7 +122,7 @@ def cmd_compare(args) -> int:
 def cmd_neighbours(args) -> int:
     import sys
 
-    from andrea.embed import neighbours, show_piece
+    from andrea.inside.embed import neighbours, show_piece
     from andrea.usage import run_usage
 
     subject = _subject(args)
@@ -153,7 +153,7 @@ def cmd_neighbours(args) -> int:
 
 
 def cmd_positions(args) -> int:
-    from andrea.embed import positions
+    from andrea.inside.embed import positions
     from andrea.plots import plot_position_similarity
 
     subject = _subject(args)
@@ -183,8 +183,8 @@ def cmd_positions(args) -> int:
 
 
 def cmd_map(args) -> int:
-    from andrea.embed import map_points
     from andrea.errors import AndreaError
+    from andrea.inside.embed import map_points
     from andrea.plots import plot_map
 
     if args.words and args.top:
@@ -221,8 +221,8 @@ def cmd_map(args) -> int:
 def cmd_forward(args) -> int:
     import numpy as np
 
-    from andrea.embed import forward_matrix, show_piece
     from andrea.errors import AndreaError
+    from andrea.inside.embed import forward_matrix, show_piece
 
     subject = _subject(args)
     if args.text == "":
@@ -269,7 +269,8 @@ def attention_json(r: dict) -> dict:
 
 
 def cmd_attention(args) -> int:
-    from andrea.embed import attention, show_piece
+    from andrea.inside.blocks import attention
+    from andrea.inside.embed import show_piece
 
     subject = _subject(args)
     r = attention(subject.model, subject.tokenizer, args.text, bos=not args.no_bos)
@@ -303,7 +304,8 @@ def cmd_attention(args) -> int:
 
 
 def cmd_lens(args) -> int:
-    from andrea.embed import logit_lens, show_piece
+    from andrea.inside.blocks import logit_lens
+    from andrea.inside.embed import show_piece
 
     subject = _subject(args)
     r = logit_lens(subject.model, subject.tokenizer, args.text, args.k, bos=not args.no_bos)

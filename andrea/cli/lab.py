@@ -7,7 +7,7 @@ from andrea.validate import MAX_SEED, flag_number
 
 
 def cmd_lab(args) -> int:
-    from andrea.embed import load_subject
+    from andrea.inside.embed import load_subject
     from andrea.web.lab import LabServer
 
     check_source(args)

@@ -1,4 +1,4 @@
-"""`andrea lesson`: a lesson checked claim by claim on a trained model (andrea.lessons)."""
+"""`andrea lesson`: a lesson checked claim by claim on a trained model (andrea.inside.lessons)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ WALKS = ("embedding", "attention", "block")
 def cmd_lesson(args) -> int:
     # torch and numpy: loaded for this command only
     if args.walk == "attention":
-        from andrea.lessons import attention as walk
+        from andrea.inside.lessons import attention as walk
     elif args.walk == "block":
-        from andrea.lessons import block as walk
+        from andrea.inside.lessons import block as walk
     else:
-        from andrea.lessons import embedding as walk
+        from andrea.inside.lessons import embedding as walk
 
     log = None if args.json else (lambda m: print(m, file=sys.stderr))
     if args.walk in ("attention", "block"):

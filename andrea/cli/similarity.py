@@ -35,10 +35,10 @@ def _run_data(args, tokenizer, purpose: str = "for the PPMI reference"):
 
 
 def cmd_similarity(args) -> int:
-    from andrea.embed import load_subject
     from andrea.errors import AndreaError
+    from andrea.inside.embed import load_subject
+    from andrea.inside.wordsim import load_wordsets, model_tables, ppmi_vectors, similarity, train_token_chunks, word_index
     from andrea.usage import STANDALONE_RULE, run_usage
-    from andrea.wordsim import load_wordsets, model_tables, ppmi_vectors, similarity, train_token_chunks, word_index
 
     check_source(args)
     if args.ppmi and not args.checkpoint and not args.data:
@@ -69,9 +69,9 @@ def cmd_similarity(args) -> int:
 
 
 def _layers(args, model, tok, sets) -> int:
-    """--layer: word vectors from the blocks beside the tables, on the same pairs (andrea.context_vectors)."""
-    from andrea.context_vectors import CONTEXT, USES, score_layers
+    """--layer: word vectors from the blocks beside the tables, on the same pairs (andrea.inside.context_vectors)."""
     from andrea.errors import AndreaError
+    from andrea.inside.context_vectors import CONTEXT, USES, score_layers
 
     L = model.config.n_layer
     uses = USES if args.uses is None else args.uses
@@ -107,10 +107,10 @@ def _layers(args, model, tok, sets) -> int:
 
 
 def cmd_split(args) -> int:
-    """One token's uses grouped by the word each began, told apart layer by layer (andrea.context_vectors)."""
-    from andrea.context_vectors import CONTEXT, SPLIT_USES, SPLIT_WORDS, split_states
-    from andrea.embed import load_subject
+    """One token's uses grouped by the word each began, told apart layer by layer (andrea.inside.context_vectors)."""
     from andrea.errors import AndreaError
+    from andrea.inside.context_vectors import CONTEXT, SPLIT_USES, SPLIT_WORDS, split_states
+    from andrea.inside.embed import load_subject
 
     check_source(args)
     if not args.checkpoint and not args.data:
@@ -172,8 +172,8 @@ def print_report(r: dict) -> None:
 
 def cmd_timeline(args) -> int:
     from andrea.errors import AndreaError
+    from andrea.inside.wordsim import try_load_wordsets
     from andrea.snapshots.timeline import Timeline, pair_series, rho_series
-    from andrea.wordsim import try_load_wordsets
 
     if len(args.words) < 2:
         raise AndreaError("give at least two words: the first is compared with each of the others.")
@@ -229,9 +229,9 @@ def register_embed(esub, common) -> None:
                    "word's hidden state at its last token, averaged over its uses in the run's training text, beside "
                    "the input table, the head (and PPMI with --ppmi) on the same pairs; words of several tokens included")
     s.add_argument("--uses", type=flag_number(int, 1, 1_000_000), metavar="N", help="--layer: uses averaged per word (default: "
-                   "andrea.context_vectors.USES)")
+                   "andrea.inside.context_vectors.USES)")
     s.add_argument("--context", type=flag_number(int, 1, 65_536), metavar="T", help="--layer: tokens in each use's window, ending at the word "
-                   "(default: andrea.context_vectors.CONTEXT)")
+                   "(default: andrea.inside.context_vectors.CONTEXT)")
     s.set_defaults(func=cmd_similarity)
     p = esub.add_parser("split", parents=[common], help="one token's uses grouped by the word each began (cat, cats, "
                         "category, …): how far the input row and each block tell the words apart",
@@ -246,11 +246,11 @@ def register_embed(esub, common) -> None:
     p.add_argument("token", help="the token, in its word-initial form (with the space before it) unless --bare")
     p.add_argument("--bare", action="store_true", help="look the token up as typed, without the leading space")
     p.add_argument("--data", metavar="DIR", help="the data folder to read uses from (default: the one the run trained on)")
-    p.add_argument("--uses", type=flag_number(int, 1, 1_000_000), metavar="N", help="uses drawn per word (default: andrea.context_vectors.SPLIT_USES)")
+    p.add_argument("--uses", type=flag_number(int, 1, 1_000_000), metavar="N", help="uses drawn per word (default: andrea.inside.context_vectors.SPLIT_USES)")
     p.add_argument("--words", type=flag_number(int, 1, 1_000_000), metavar="K", help="the commonest words kept (default: "
-                   "andrea.context_vectors.SPLIT_WORDS)")
+                   "andrea.inside.context_vectors.SPLIT_WORDS)")
     p.add_argument("--context", type=flag_number(int, 1, 65_536), metavar="T", help="tokens in each window, ending at the token (default: "
-                   "andrea.context_vectors.CONTEXT, at most the model's context)")
+                   "andrea.inside.context_vectors.CONTEXT, at most the model's context)")
     p.set_defaults(func=cmd_split)
     run = argparse.ArgumentParser(add_help=False)  # a timeline is read from a run: no preset, seed or tokenizer
     run.add_argument("--checkpoint", required=True, help="a run folder (or a checkpoint in one) that kept snapshots")

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from andrea.embed import show_piece, token_kind
 from andrea.errors import AndreaError
 from andrea.files import atomic_write_bytes, write_error_reason
-from andrea.vectors import table
+from andrea.inside.embed import show_piece, token_kind
+from andrea.inside.vectors import table
 
 
 def write_projector(out_dir, model, tokenizer, which: str = "input") -> tuple[Path, Path]:

@@ -1,6 +1,6 @@
 """A training run's observers of its embedding tables: the snapshots (andrea.snapshots.store) and the
-word-similarity scores written to metrics.jsonl at every evaluation (andrea.wordsim); and, with each
-snapshot, what each attention head attends to (andrea.heads), also into metrics.jsonl.
+word-similarity scores written to metrics.jsonl at every evaluation (andrea.inside.wordsim); and, with each
+snapshot, what each attention head attends to (andrea.inside.heads), also into metrics.jsonl.
 
 Observers never stop the run: a snapshot that cannot be written ends the snapshots with a note.
 A large table keeps only some rows in its snapshots: the most frequent tokens (counted on a sample
@@ -14,12 +14,12 @@ from pathlib import Path
 
 import numpy as np
 
-from andrea.heads import score_heads
+from andrea.inside.heads import score_heads
+from andrea.inside.wordsim import brief, model_tables, similarity, try_load_wordsets, word_index
 from andrea.metrics import append_row
 from andrea.snapshots import store as snapshots
 from andrea.snapshots.store import Growth, choose_rows
 from andrea.trainconfig import TrainConfig
-from andrea.wordsim import brief, model_tables, similarity, try_load_wordsets, word_index
 
 
 def make_growth(cfg: TrainConfig, model_cfg, tokenizer, data, out: Path, log, ckpt, step: int):

@@ -53,7 +53,7 @@ from safetensors.torch import save_file
 
 from andrea.errors import AndreaError
 from andrea.files import atomic_output, check_regular, remove_dead_temps, write_error_reason
-from andrea.wordsim import mean_pairwise_cosine
+from andrea.inside.wordsim import mean_pairwise_cosine
 
 FOLDER = "embeddings"
 WHOLE_LIMIT = 1 << 20  # values of one table kept whole in float32
@@ -294,7 +294,7 @@ MAX_SNAPSHOT_D = 1 << 16
 # readers through `andrea.snapshots.timeline.Timeline`, which also ties them to the run's checkpoint).
 SNAPSHOT_READERS = (
     "andrea embed timeline",      # andrea.cli.similarity.cmd_timeline
-    "andrea lesson",              # andrea.lessons.embedding: init and sparse
+    "andrea lesson",              # andrea.inside.lessons.embedding: init and sparse
     "lab growth",                 # andrea.web.lab_growth
     "lab lesson",                 # andrea.web.lab: the embedding lesson
     "andrea train --resume",      # Growth.load_state_dict: the base of the next ‖Δ‖

@@ -45,10 +45,10 @@ import torch
 
 from andrea.checkpoint import load_checkpoint, load_model
 from andrea.errors import AndreaError
+from andrea.inside.vectors import cosine, nearest, unit_rows
+from andrea.inside.wordsim import PAIR_SETS, WordIndex, null_spread, spearman, word_index
 from andrea.snapshots.store import FOLDER, TABLES, continues, holds_table, read_snapshot, snapshot_path, snapshot_steps
 from andrea.validate import is_int
-from andrea.vectors import cosine, nearest, unit_rows
-from andrea.wordsim import PAIR_SETS, WordIndex, null_spread, spearman, word_index
 
 WHY_UNSEEN = {
     "v1": "Adam: a token absent from a step's batch has a zero gradient, but its row still moves while Adam's "

@@ -3,12 +3,12 @@
 The page (static/index.html, lab.js, lab.css) and plotly's JavaScript bundle, taken from the
 installed plotly package, are read once at start-up and served from memory under fixed names, so
 no request names a file and the page needs no internet access. Every view is fed by a JSON
-endpoint under /api/ that calls the same `andrea.embed` functions the `andrea embed` commands print:
+endpoint under /api/ that calls the same `andrea.inside.embed` functions the `andrea embed` commands print:
 
     GET  /api/info         the model, its config, the presets, the limits below
-    GET  /api/lesson       the embedding lesson's steps on this model (andrea.lessons.embedding)
-    GET  /api/lesson/attention   the attention lesson's steps (andrea.lessons.attention)
-    GET  /api/lesson/block       the block lesson's steps (andrea.lessons.block)
+    GET  /api/lesson       the embedding lesson's steps on this model (andrea.inside.lessons.embedding)
+    GET  /api/lesson/attention   the attention lesson's steps (andrea.inside.lessons.attention)
+    GET  /api/lesson/block       the block lesson's steps (andrea.inside.lessons.block)
     POST /api/params       {"preset": null | NAME}                      where the parameters live
     POST /api/token        {"word", "bare", "whole_words", "metric", "k"} lookup, norms, neighbours,
                            and where the run's data is known the word's purity and coverage there
@@ -18,7 +18,7 @@ endpoint under /api/ that calls the same `andrea.embed` functions the `andrea em
     POST /api/attention    {"prompt", "bos"}                             every layer × head pattern
     POST /api/lens         {"prompt", "k", "bos"}                        the logit lens
     POST /api/layers       {"uses", "ppmi"}   word vectors from the blocks, scored per block beside
-                           the tables (andrea.context_vectors.score_layers; the run's data and the word sets)
+                           the tables (andrea.inside.context_vectors.score_layers; the run's data and the word sets)
     POST /api/generate     {"prompt", "max_new_tokens", "temperature", "top_k", "top_p", "seed"}
                            a stream of JSON lines, one per token, then {"done": ...}
     /api/growth...         the Growth view: the run's embedding snapshots (see `andrea.web.lab_growth`)
@@ -41,24 +41,24 @@ from pathlib import Path
 
 import numpy as np
 
-from andrea import context_vectors, embed
 from andrea.config import PRESETS
 from andrea.decoding.generate import generate_steps
 from andrea.errors import AndreaError, longer_than_context
-from andrea.lessons import attention as attention_lesson
-from andrea.lessons import block as block_lesson
-from andrea.lessons.embedding import inputs_for
-from andrea.lessons.embedding import lesson as lesson_steps
-from andrea.lessons.embedding import to_json as lesson_json
+from andrea.inside import blocks, context_vectors, embed
+from andrea.inside.lessons import attention as attention_lesson
+from andrea.inside.lessons import block as block_lesson
+from andrea.inside.lessons.embedding import inputs_for
+from andrea.inside.lessons.embedding import lesson as lesson_steps
+from andrea.inside.lessons.embedding import to_json as lesson_json
+from andrea.inside.vectors import METRICS, whole_word_mask
+from andrea.inside.wordsim import LESSON_PAIRS, LESSON_RELATED, try_load_wordsets
 from andrea.tokenizer.harris import LETTER_WORD
 from andrea.tokenizer.words import data_word_counts, word_tokens
 from andrea.usage import run_data, run_usage
-from andrea.vectors import METRICS, whole_word_mask
 from andrea.web import lab_growth
 from andrea.web.common import MAX_K, MAX_WORD_CHARS, finite, rounded
 from andrea.web.http import Fields, Guard, RequestError, UvicornServer, bind, logger, loopback_hosts, read_body
 from andrea.web.lab_growth import HOW_TO_FETCH, GrowthViews
-from andrea.wordsim import LESSON_PAIRS, LESSON_RELATED, try_load_wordsets
 
 MAX_BODY = 16_384  # bytes of a request body
 MAX_PROMPT_CHARS = 2_000
@@ -129,7 +129,7 @@ class LabViews:
         return self._words
 
     def lesson(self, f: Fields) -> dict:
-        """The embedding lesson's steps on this model (andrea.lessons.embedding), computed once; without the PPMI reference,
+        """The embedding lesson's steps on this model (andrea.inside.lessons.embedding), computed once; without the PPMI reference,
         which `andrea lesson` adds."""
         if not hasattr(self, "_lesson"):
             inp = inputs_for(self.model, self.tok, self.subject.name, self.subject.checkpoint, ppmi=False, log=_log)
@@ -137,7 +137,7 @@ class LabViews:
         return self._lesson
 
     def lesson_attention(self, f: Fields) -> dict:
-        """The attention lesson's steps on this model (andrea.lessons.attention), computed once (one
+        """The attention lesson's steps on this model (andrea.inside.lessons.attention), computed once (one
         walk at a time: its removals hook the model while they run)."""
         with LESSONS:
             if not hasattr(self, "_lesson_attention"):
@@ -147,7 +147,7 @@ class LabViews:
         return self._lesson_attention
 
     def lesson_block(self, f: Fields) -> dict:
-        """The block lesson's steps on this model (andrea.lessons.block), computed once, one walk at a time."""
+        """The block lesson's steps on this model (andrea.inside.lessons.block), computed once, one walk at a time."""
         with LESSONS:
             if not hasattr(self, "_lesson_block"):
                 inp = block_lesson.inputs_for(self.model, self.tok, self.subject.name, self.subject.checkpoint)
@@ -209,14 +209,14 @@ class LabViews:
 
     def attention(self, f: Fields) -> dict:
         prompt, bos = self._prompt(f, MAX_ATTENTION_TOKENS)
-        r = embed.attention(self.model, self.tok, prompt, bos)
+        r = blocks.attention(self.model, self.tok, prompt, bos)
         return {"ids": r["ids"], "pieces": r["pieces"], "layers": r["layers"], "heads": r["heads"],
                 "patterns": rounded(r["patterns"], 4)}
 
     def lens(self, f: Fields) -> dict:
         k = f.integer("k", 5, 1, 20)
         prompt, bos = self._prompt(f, MAX_LENS_TOKENS)
-        return embed.logit_lens(self.model, self.tok, prompt, k, bos)
+        return blocks.logit_lens(self.model, self.tok, prompt, k, bos)
 
     def layers(self, f: Fields) -> dict:
         """Word vectors from the blocks scored per block beside the tables, once per (uses, ppmi)."""

@@ -9,7 +9,7 @@ snapshots (`andrea.snapshots.store`), these endpoints serve what `andrea.snapsho
     POST /api/growth/rho          {"table", "centred"}                           ρ on SimLex-999, WordSim-353
     POST /api/growth/map          {"words", "table"}                             the aligned 2-D map, per step
     POST /api/growth/updates      {"start", "end", "table"}                      seen against moved, per row
-    POST /api/growth/heads        {}                      each head's scores (andrea.heads) and the loss, over steps
+    POST /api/growth/heads        {}                      each head's scores (andrea.inside.heads) and the loss, over steps
 
 Otherwise GET /api/growth says why there is nothing to show and how to get it, and the others
 answer 400 with the same sentence. The word-similarity sets are read once, when the lab starts;
@@ -26,13 +26,13 @@ import threading
 from pathlib import Path
 
 from andrea.errors import AndreaError
-from andrea.heads import KINDS, PRESENT
+from andrea.inside.heads import KINDS, PRESENT
+from andrea.inside.wordsim import LESSON_PAIRS, LESSON_RELATED, LESSON_WORDS, try_load_wordsets
 from andrea.metrics import read_metrics, row_kind
 from andrea.snapshots.store import FOLDER, TABLES, snapshot_steps
 from andrea.snapshots.timeline import Timeline, aligned_map, neighbours_at, pair_series, rho_series, row_updates
 from andrea.web.common import MAX_K, MAX_WORD_CHARS, finite
 from andrea.web.http import Fields, RequestError
-from andrea.wordsim import LESSON_PAIRS, LESSON_RELATED, LESSON_WORDS, try_load_wordsets
 
 MAX_PAIRS = 8  # pairs drawn over steps at once
 MAX_MAP_WORDS = 100
@@ -174,7 +174,7 @@ class GrowthViews:
 
     def growth_heads(self, f: Fields) -> dict:
         """Each head's score of each kind at the steps the run scored them (metrics.jsonl's "heads"
-        rows, andrea.heads), beside the training loss (its smoothed value) of every step. Only rows
+        rows, andrea.inside.heads), beside the training loss (its smoothed value) of every step. Only rows
         that pass `andrea.metrics.read_metrics`' gate are drawn, the heads' scores of the model's
         blocks × heads; `note` says which rows were left out, and why."""
         tl = self._live()
@@ -186,7 +186,7 @@ class GrowthViews:
                 f"not of the shape andrea writes ({'; '.join(left_out[:3])}{'; …' if len(left_out) > 3 else ''})"
                 if left_out else None)
         if not scored:
-            why = "this run kept no heads' scores (runs trained before andrea.heads, or with snapshots off, have none)"
+            why = "this run kept no heads' scores (runs trained before andrea.inside.heads, or with snapshots off, have none)"
             return {"steps": [], "note": f"{why}; {note}" if note else why}
         return finite({"steps": [r["step"] for r in scored], "threshold": PRESENT, "kinds": list(KINDS),
                        "n": scored[-1]["heads"]["n"], "note": note,

@@ -341,7 +341,7 @@ DRAW.compare = () => run("compare", () => comparePairs([[$("compare-a").value, $
 
 function lesson() {
   return run("compare", async () => {
-    // the pairs come from the server (andrea.wordsim): the related ones first, then the unrelated
+    // the pairs come from the server (andrea.inside.wordsim): the related ones first, then the unrelated
     const pairs = INFO.lesson_pairs, n = INFO.lesson_related;
     const results = await comparePairs(pairs);
     const say = (which) => {
@@ -757,7 +757,7 @@ async function seriesPanels(live) {
   ]);
 }
 
-// Each head's score of the chosen kind at the steps the run scored them (andrea.heads), beside the loss.
+// Each head's score of the chosen kind at the steps the run scored them (andrea.inside.heads), beside the loss.
 function drawHeads(r) {
   G.heads = r;
   const node = $("growth-heads"), kind = $("growth-heads-kind").value;

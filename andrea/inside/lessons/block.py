@@ -46,10 +46,10 @@ import torch.nn.functional as F
 from andrea.config import get_preset, norm_params, param_rows
 from andrea.errors import AndreaError
 from andrea.evaluate import bits_per_byte, position_nats, token_byte_lengths
-from andrea.lessons.attention import (MICRO, MIN_COST, Inputs, held_out, inputs_for, load_inputs, masked_softmax,
+from andrea.inside.lessons.attention import (MICRO, MIN_COST, Inputs, held_out, inputs_for, load_inputs, masked_softmax,
                                       prompt_ids)
-from andrea.lessons.report import CANNOT, CAVEAT, FAILS, HOLDS, Step, report_json, report_text, walk
-from andrea.vectors import cosine, table, unit_rows
+from andrea.inside.lessons.report import CANNOT, CAVEAT, FAILS, HOLDS, Step, report_json, report_text, walk
+from andrea.inside.vectors import cosine, table, unit_rows
 
 __all__ = ["Inputs", "inputs_for", "lesson", "load_inputs", "to_json", "to_text"]
 

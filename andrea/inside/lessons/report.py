@@ -1,6 +1,6 @@
 """A lesson's steps and how they are reported: the claim, how andrea checked it, a verdict, the numbers.
 
-Every walk (andrea.lessons.embedding, andrea.lessons.attention) returns a list of `Step`s; each
+Every walk (andrea.inside.lessons.embedding, andrea.inside.lessons.attention) returns a list of `Step`s; each
 gives the claim in one sentence, how it was checked on this model, a verdict and, in `numbers`,
 every figure the sentence quotes as a number (what `--json` prints and the lab draws):
 

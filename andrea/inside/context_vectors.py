@@ -43,9 +43,9 @@ import numpy as np
 import torch
 
 from andrea.errors import AndreaError
+from andrea.inside.vectors import cosine
+from andrea.inside.wordsim import PAIR_SETS, centred, rho_with_null
 from andrea.usage import starts_word
-from andrea.vectors import cosine
-from andrea.wordsim import PAIR_SETS, centred, rho_with_null
 
 USES = 16  # uses of a word averaged (the held-out text is too small: cat occurs 15 times there)
 CONTEXT = 32  # tokens in each window, ending at the word's last token
@@ -286,7 +286,7 @@ def score_layers(model, tokenizer, data, sets, uses: int = USES, context: int = 
     """`layer_scores` of every WordSim-353 and SimLex-999 word's block vectors (up to `uses` uses,
     windows of `context` tokens, at most the model's own) in `data`, beside the model's input table
     and head and, with ppmi, PPMI counts of the same training text; "blocks" says how many there are."""
-    from andrea.wordsim import model_tables, ppmi_vectors, train_token_chunks
+    from andrea.inside.wordsim import model_tables, ppmi_vectors, train_token_chunks
 
     V, d = model.config.vocab_size, model.config.n_embd
     if data.vocab_size != V:

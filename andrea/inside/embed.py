@@ -1,8 +1,9 @@
-"""The embedding lab: what the lookup tables and the untied head hold.
+"""The two tables: what the lookup table (wte), the position table and the untied head hold.
 
 Every function here computes and returns plain data (numbers, lists, numpy arrays); the `plot_*`
 functions draw such data into PNG files with matplotlib's headless Agg backend. The
-`andrea embed` commands print what these functions return.
+`andrea embed` commands print what these functions return. What the blocks do with these rows is
+andrea.inside.blocks'.
 
 Tables. `input` is the token embedding wte, a (V, d) matrix: row i is what token i puts into the
 input of block 1. `output` is the head lm_head.weight, also (V, d): the logit of token i is
@@ -11,7 +12,7 @@ vectors, trained for different jobs, that need not agree.
 
 Geometry. For rows u and v: u·v = ‖u‖ ‖v‖ cos θ. The dot product is the unnormalised
 similarity that attention and the head compute; cos θ removes the lengths. The arithmetic (cosine,
-nearest rows, what a zero row gives, how ties break) is andrea.vectors'.
+nearest rows, what a zero row gives, how ties break) is andrea.inside.vectors'.
 
 Looking up a word (`lookup`). A learner who types `king` means the word, and inside running text a
 word carries the space before it: `␣king` is a different token from the word-internal piece `king`
@@ -23,7 +24,7 @@ word carries the space before it: `␣king` is a different token from the word-i
 When the text looked up is not one token, it is represented by the mean of its tokens' rows, and
 every result built on such a mean says so. Every result names the form it used.
 
-Whole words. A neighbour list can be limited to whole-word tokens (andrea.vectors.whole_word_mask).
+Whole words. A neighbour list can be limited to whole-word tokens (andrea.inside.vectors.whole_word_mask).
 """
 
 from __future__ import annotations
@@ -37,12 +38,12 @@ import torch
 
 from andrea.checkpoint import load_model
 from andrea.config import BOS, N_SPECIAL, get_preset, norm_params, param_rows
-from andrea.errors import AndreaError, longer_than_context
+from andrea.errors import AndreaError
+from andrea.inside.vectors import cosine_matrix, nearest, pca_2d, table, tsne_2d, vector_stats, whole_word_mask
 from andrea.model import ANDREA
 from andrea.tokenizer.harris import HarrisTokenizer, label_bytes
 from andrea.usage import STANDALONE_RULE
 from andrea.validate import check_seed
-from andrea.vectors import cosine_matrix, nearest, pca_2d, table, tsne_2d, vector_stats, whole_word_mask
 
 TABLES = ("input", "output")
 DEFAULT_DISTANCES = (1, 8, 64, 512)
@@ -423,71 +424,6 @@ def map_points(model, tokenizer, words=None, top: int | None = None, which: str 
         coords, explained = tsne_2d(vectors), None
     return {"table": which, "method": method, "explained": explained,
             "points": [{**_lookup_dict(lk), "x": float(c[0]), "y": float(c[1])} for lk, c in zip(lks, coords)]}
-
-
-# ---------------------------------------------------------------- inside the blocks: attention and the logit lens
-
-
-def encode_prompt(model, tokenizer, text: str, bos: bool = True) -> list[int]:
-    """The ids of a prompt (BOS first unless bos is False), checked against the context."""
-    if not isinstance(text, str) or text == "":
-        raise AndreaError("the prompt is empty; give some text.")
-    ids = tokenizer.encode(text, bos=bos)
-    T = model.config.block_size
-    if len(ids) > T:
-        raise AndreaError(longer_than_context(len(ids), T))
-    return ids
-
-
-def _ids_tensor(model, ids: list[int]) -> torch.Tensor:
-    t = torch.tensor([ids], dtype=torch.long, device=model.wte.weight.device)
-    model.check_ids(t)
-    return t
-
-
-@torch.no_grad()
-def attention(model, tokenizer, text: str, bos: bool = True) -> dict:
-    """Every layer's and head's attention pattern on a prompt: patterns[l, h, i, j] is how much
-    position i attends to position j (each row sums to 1 over j <= i)."""
-    ids = encode_prompt(model, tokenizer, text, bos)
-    patterns = [w[0] for w in model.trace(_ids_tensor(model, ids), keep=("weights",))["weights"]]
-    cfg = model.config
-    return {"ids": ids, "pieces": [tokenizer.id_to_piece(i) for i in ids], "layers": cfg.n_layer, "heads": cfg.n_head,
-            "patterns": torch.stack(patterns).double().cpu().numpy()}
-
-
-@torch.no_grad()
-def residual_stream(model, ids: list[int]) -> list[torch.Tensor]:
-    """The (1, T, d) residual stream after the embedding and after each block (L + 1 states)."""
-    return model.trace(_ids_tensor(model, ids)).stream()
-
-
-@torch.no_grad()
-def lens_logits(model, ids: list[int]) -> torch.Tensor:
-    """The logit lens: (L + 1, T, V) logits read out of the residual stream after the embedding
-    and after each block, through the final norm and the head (the last row is the model's own)."""
-    return model.head(model.ln_f(torch.cat(residual_stream(model, ids))))
-
-
-@torch.no_grad()
-def logit_lens(model, tokenizer, text: str, k: int = 5, bos: bool = True) -> dict:
-    """The top-k predictions after the embedding and after each block, position by position, and
-    the probability each stage gives the prompt's own next token. (One stage's (T, V) logits at a
-    time, so a long prompt on a large vocabulary stays small.)"""
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise AndreaError(f"the number of predictions k must be an integer of at least 1, got {k!r}.")
-    ids = encode_prompt(model, tokenizer, text, bos)
-    piece = tokenizer.id_to_piece
-    nexts = torch.tensor(ids[1:], dtype=torch.long)
-    rows = []
-    for state in residual_stream(model, ids):
-        probs = torch.softmax(model.head(model.ln_f(state))[0].double(), dim=-1)
-        top = torch.topk(probs, min(k, probs.shape[-1]), dim=-1)
-        own = probs[torch.arange(len(nexts)), nexts.to(probs.device)].tolist() + [None]
-        rows.append([{"top": [{"id": int(i), "piece": piece(int(i)), "prob": float(p)} for p, i in zip(top.values[t], top.indices[t])],
-                      "next_prob": own[t]} for t in range(len(ids))])
-    stages = ["embedding"] + [f"block {i + 1}" for i in range(model.config.n_layer)]
-    return {"ids": ids, "pieces": [piece(i) for i in ids], "stages": stages, "lens": rows}
 
 
 def preset_parameter_groups(name: str) -> list[ParamGroup]:

@@ -53,7 +53,7 @@ from andrea.cache import wordsets_dir
 from andrea.config import BOS
 from andrea.errors import AndreaError
 from andrea.files import check_regular, utf8_text
-from andrea.vectors import cosine, table, unit_rows, whole_word_mask
+from andrea.inside.vectors import cosine, table, unit_rows, whole_word_mask
 
 WORDSETS_PIP = ["gensim==4.4.0", "--platform", "manylinux_2_28_x86_64", "--python-version", "3.11",
                 "--implementation", "cp", "--abi", "cp311"]

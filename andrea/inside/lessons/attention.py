@@ -3,7 +3,7 @@
 The embedding lesson ends where this one starts: a query's dot product with a key scores each past
 token, block 1 runs scaled dot-product attention with a causal mask and a softmax, and the blocks
 hold most of the parameters. Each step checks one claim on the model and gives a verdict
-(andrea.lessons.report). The steps, in order:
+(andrea.inside.lessons.report). The steps, in order:
 
     scores     block 1's q_i = ln_1(x_i)·W_q and k_j = ln_1(x_j)·W_k, per head, on a prompt, and their
                dot products q_i·k_j: holds when some head's scaled scores spread ≥ 1 over the keys a
@@ -50,8 +50,8 @@ from andrea.checkpoint import load_model
 from andrea.config import BOS
 from andrea.errors import AndreaError
 from andrea.evaluate import bits_per_byte, position_nats, token_byte_lengths
-from andrea.heads import COMMON, KINDS, PRESENT, head_scores, patterns, random_repeats, sequence_length
-from andrea.lessons.report import CANNOT, CAVEAT, FAILS, HOLDS, Step, report_json, report_text, walk
+from andrea.inside.heads import COMMON, KINDS, PRESENT, head_scores, patterns, random_repeats, sequence_length
+from andrea.inside.lessons.report import CANNOT, CAVEAT, FAILS, HOLDS, Step, report_json, report_text, walk
 from andrea.shards import TokenData
 from andrea.usage import run_data
 

@@ -3,7 +3,7 @@
 andrea grew from one lesson about the embedding layer. `andrea lesson --checkpoint RUN` and the
 lab's Lesson view walk its claims in the lesson's order on a trained model. Each step gives the
 claim in one sentence, how it was checked on this model, the numbers, and a verdict
-(andrea.lessons.report).
+(andrea.inside.lessons.report).
 
 The steps, in order:
 
@@ -16,9 +16,9 @@ The steps, in order:
                the head, raw and centred, against the ±1/√d band of random rows (holds: both related
                pairs beyond the band and above every unrelated one; cat·dog alone: a caveat; a word of
                several tokens, its pieces' mean row, is reported apart and left out of the verdict:
-               andrea.wordsim.lesson_margin), with how often each word's token stands alone in the
+               andrea.inside.wordsim.lesson_margin), with how often each word's token stands alone in the
                training text (andrea.usage); where that text is known, the same pairs on the last
-               block's word vectors too (andrea.context_vectors), which see xylophone whole
+               block's word vectors too (andrea.inside.context_vectors), which see xylophone whole
     scores     Spearman ρ on WordSim-353 and SimLex-999 over all single-token pairs and over pairs
                of words whose tokens mostly stand alone, beside counting (PPMI) on the same pairs;
                apart, pairs with a word of several tokens: their pieces' mean rows and, where the
@@ -44,16 +44,12 @@ import torch
 
 from andrea.checkpoint import load_model
 from andrea.config import get_preset, param_rows
-from andrea.context_vectors import CONTEXT, block_vectors, layer_scores, mean_state
-from andrea.embed import forward_matrix
 from andrea.errors import AndreaError
-from andrea.lessons.report import CANNOT, CAVEAT, FAILS, HOLDS, Step, report_json, report_text
-from andrea.shards import TokenData
-from andrea.snapshots.store import snapshot_steps
-from andrea.snapshots.timeline import Timeline, row_updates
-from andrea.usage import MIN_USES, STANDALONE, data_usage, run_data
-from andrea.vectors import table, vector_stats
-from andrea.wordsim import (
+from andrea.inside.context_vectors import CONTEXT, block_vectors, layer_scores, mean_state
+from andrea.inside.embed import forward_matrix
+from andrea.inside.lessons.report import CANNOT, CAVEAT, FAILS, HOLDS, Step, report_json, report_text
+from andrea.inside.vectors import table, vector_stats
+from andrea.inside.wordsim import (
     LESSON_PAIRS,
     PAIR_SETS,
     WordIndex,
@@ -66,6 +62,10 @@ from andrea.wordsim import (
     try_load_wordsets,
     word_index,
 )
+from andrea.shards import TokenData
+from andrea.snapshots.store import snapshot_steps
+from andrea.snapshots.timeline import Timeline, row_updates
+from andrea.usage import MIN_USES, STANDALONE, data_usage, run_data
 
 PROMPT = "the dog chased the cat"
 HISTOGRAM_BINS = 48  # the step-0 values drawn against N(0, 1/√d), over ±4/√d
@@ -239,7 +239,7 @@ def step_pairs(inp: Inputs) -> Step:
 
 
 def _from_blocks(inp: Inputs, words: list[str]) -> dict | None:
-    """The lesson's pairs on the last block's word vectors (andrea.context_vectors), where the run's
+    """The lesson's pairs on the last block's word vectors (andrea.inside.context_vectors), where the run's
     training text is known and every word has a use there; None otherwise."""
     if inp.data is None or not len(inp.model.h):
         return None
@@ -273,7 +273,7 @@ def _word_notes(inp: Inputs, words: dict, usage: dict) -> list[str]:
 def _scores(tables: dict, index: WordIndex, pairs) -> dict:
     """ρ of the centred input table (and PPMI) over single-token pairs, over pairs of words that
     stand alone (all single-token pairs where usage is unknown) and, apart, over pairs with a word of
-    several tokens (its pieces' mean row); each with n and the null spread (andrea.wordsim.pair_scores)."""
+    several tokens (its pieces' mean row); each with n and the null spread (andrea.inside.wordsim.pair_scores)."""
     out = {}
     for name, mat in tables.items():
         r = pair_scores(mat, index, pairs, points=name == "input")  # the lab draws the input table's pairs
@@ -282,7 +282,7 @@ def _scores(tables: dict, index: WordIndex, pairs) -> dict:
 
 
 def _pieces_from_blocks(inp: Inputs, index: WordIndex) -> dict | None:
-    """The pairs with a word of several tokens on the last block's word vectors (andrea.context_vectors),
+    """The pairs with a word of several tokens on the last block's word vectors (andrea.inside.context_vectors),
     beside the input table's mean rows of the pieces on the same pairs (those whose two words have
     context_vectors.MIN_USES uses in the training text); None where that text is unknown, the model
     has no blocks or every pair is of single tokens."""
