@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import cli, need_time, one_sentence, peak_rss, process_sentence, unit_model
+from test_embed import model, tok  # noqa: F401 (the hand-set model and its tokenizer, fixtures)
 
 import andrea
 from andrea.checkpoint import save_checkpoint
@@ -18,6 +19,7 @@ from andrea.decoding.generate import (
     Chat,
     TextGenerator,
     generate_ids,
+    generate_steps,
     sample_next,
     stream_ids,
     stream_text_pieces,
@@ -673,3 +675,23 @@ def test_seeds_at_and_past_the_edge(lab_checkpoint, capsys, monkeypatch):
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"hello\nthe cat\n"), encoding="utf-8"))
     code, out, err = cli(capsys, "chat", "--checkpoint", lab_checkpoint, "--seed", 2**64 - 1, "--max-new-tokens", "4")
     assert code == 0, err
+
+
+# ---------------------------------------------------------------- token by token, with probabilities (the lab)
+
+
+def test_generated_steps_carry_their_probability_and_alternatives(model, tok):  # test_embed's hand-set model
+    steps = list(generate_steps(model, tok, " cat", max_new_tokens=6, temperature=0.9, top_k=20, seed=5, alternatives=4))
+    # the same tokens as plain generation with the same settings
+    assert [s["id"] for s in steps] == generate_ids(model, tok.encode(" cat"), 6, 0.9, 20, None, 5)
+    ids = tok.encode(" cat")
+    for s in steps:
+        with torch.no_grad():
+            probs = torch.softmax(model(torch.tensor([ids]))[0][0, -1].double(), -1)
+        assert s["prob"] == pytest.approx(float(probs[s["id"]]))
+        assert [a["id"] for a in s["alternatives"]] == torch.topk(probs, 4).indices.tolist()
+        ids.append(s["id"])
+    greedy = list(generate_steps(model, tok, " cat", max_new_tokens=3, temperature=0))
+    assert all(s["id"] == s["alternatives"][0]["id"] for s in greedy)
+    with pytest.raises(AndreaError, match="temperature"):
+        generate_steps(model, tok, " cat", temperature=-1)

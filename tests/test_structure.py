@@ -104,3 +104,58 @@ def test_no_module_is_over_600_lines_and_no_function_over_80():
                 if n > MAX_FUNCTION_LINES:
                     long_functions.append(f"{name}.{node.name} ({n} lines)")
     assert long_modules == [] and long_functions == []
+
+
+# A module whose tests are not in tests/test_<its name>.py, and the files that test it: a command's
+# module is tested where its command is run; a module every command uses, where its users are.
+COVERED_BY = {
+    "andrea.cli.common": ["test_cli.py", "test_cli_flags.py"],
+    "andrea.cli.convert": ["test_formats.py", "test_hf.py"],
+    "andrea.cli.data": ["test_corpus.py", "test_wordsim.py"],
+    "andrea.cli.doctor": ["test_processor.py"],
+    "andrea.cli.experiment": ["test_experiments_positions.py", "test_experiments_sparse_updates.py"],
+    "andrea.cli.lab": ["test_web_lab.py"],
+    "andrea.cli.lesson": ["test_lessons_embedding.py", "test_lessons_attention.py", "test_lessons_block.py"],
+    "andrea.cli.serve": ["test_web_api.py"],
+    "andrea.cli.similarity": ["test_wordsim.py", "test_context_vectors.py"],
+    "andrea.config": ["test_params.py", "test_model.py"],
+    "andrea.corpus.fetched": ["test_corpus.py"],
+    "andrea.corpus.readers": ["test_corpus.py", "test_rdata.py"],
+    "andrea.corpus.registry": ["test_corpus.py"],
+    "andrea.decoding.batching": ["test_web_api.py"],
+    "andrea.distributed": ["test_train.py"],
+    "andrea.errors": ["test_cli.py"],
+    "andrea.formats.bin": ["test_formats.py"],
+    "andrea.formats.common": ["test_formats.py", "test_hf.py"],
+    "andrea.formats.portable": ["test_formats.py"],
+    "andrea.formats.projector": ["test_formats.py", "test_embed.py"],
+    "andrea.formats.remote.tokenization_andrea": ["test_hf.py"],
+    "andrea.inside.lessons.report": ["test_lessons_embedding.py", "test_lessons_attention.py", "test_lessons_block.py"],
+    "andrea.mainjob_settings": ["test_mainjob.py"],
+    "andrea.memory": ["test_params.py", "test_train.py"],
+    "andrea.optim_state": ["test_train.py", "test_formats.py"],
+    "andrea.positions": ["test_embed.py", "test_model.py"],
+    "andrea.snapshots.observers": ["test_snapshots.py"],
+    "andrea.snapshots.store": ["test_snapshots.py"],
+    "andrea.snapshots.timeline": ["test_snapshots.py"],
+    "andrea.tokenizer.harris": ["test_tokenizer.py"],
+    "andrea.tokenizer.sample": ["test_audit.py", "test_tokenizer_train.py"],
+    "andrea.tokenizer.words": ["test_word_ends.py"],
+    "andrea.web.common": ["test_web_lab.py", "test_web_lab_growth.py"],
+    "andrea.web.protocol": ["test_web_api.py"],
+}
+
+
+def test_every_module_has_a_test_file_of_its_name_or_says_where_it_is_tested():
+    """tests/test_<name>.py, the name the module's path (andrea/decoding/plan.py: test_plan.py or
+    test_decoding_plan.py), or else an entry in COVERED_BY naming files that exist."""
+    tests = {p.name for p in (ROOT / "tests").glob("test_*.py")}
+    unnamed = []
+    for name, path in modules().items():
+        if path.name in ("__init__.py", "__main__.py"):
+            continue
+        parts = name.split(".")[1:]
+        if not {f"test_{'_'.join(parts[i:])}.py" for i in range(len(parts))} & tests:
+            unnamed.append(name)
+    assert sorted(unnamed) == sorted(COVERED_BY), "a module without tests/test_<name>.py must be named in COVERED_BY"
+    assert all(f in tests for files in COVERED_BY.values() for f in files)
