@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from contextlib import contextmanager
 
 import torch
@@ -448,17 +449,24 @@ class ANDREA(nn.Module):
         """Inside the block, the model runs with parts removed (their outputs zeroed): `heads`
         (block, head) pairs, 0-based, whose weighted values are zeroed before W_o; whole
         `attention` layers and `mlp`s by block index. Every pass through the modules (forward,
-        trace, evaluation) sees it, not a decode plan's direct step, which multiplies the weights
-        itself; the hooks go when the block ends, however it ends."""
+        trace, evaluation) in the thread that entered the block sees it, not a decode plan's direct
+        step, which multiplies the weights itself; a pass in another thread (the lab answering a
+        lens or a chat while a lesson removes heads) sees the whole model. The hooks go when the
+        block ends, however it ends."""
         L, nh = self.config.n_layer, self.config.n_head
         bad = [f"block {i}" for i in (*attention, *mlp) if not 0 <= i < L] + [
             f"head {(i, h)}" for i, h in heads if not (0 <= i < L and 0 <= h < nh)]
         if bad:
             raise AndreaError(f"no {', '.join(bad)} in a model of {L} blocks of {nh} heads (counted from 0).")
-        hd, handles = self.config.head_dim, []
+        hd, handles, owner = self.config.head_dim, [], threading.get_ident()
+
+        def here() -> bool:
+            return threading.get_ident() == owner
 
         def zero_heads(which):
             def hook(_module, args):
+                if not here():
+                    return None
                 x = args[0].clone()
                 for h in which:
                     x[..., h * hd : (h + 1) * hd] = 0
@@ -473,9 +481,9 @@ class ANDREA(nn.Module):
                 if i in by_block:
                     handles.append(block.attn.wo.register_forward_pre_hook(zero_heads(by_block[i])))
                 if i in attention:
-                    handles.append(block.attn.register_forward_hook(lambda _m, _a, out: torch.zeros_like(out)))
+                    handles.append(block.attn.register_forward_hook(lambda _m, _a, out: torch.zeros_like(out) if here() else None))
                 if i in mlp:
-                    handles.append(block.mlp.register_forward_hook(lambda _m, _a, out: torch.zeros_like(out)))
+                    handles.append(block.mlp.register_forward_hook(lambda _m, _a, out: torch.zeros_like(out) if here() else None))
             yield self
         finally:
             for handle in handles:

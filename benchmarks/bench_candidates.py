@@ -50,6 +50,8 @@ CANDIDATES = {
     "t128": ("context 128 at 32 × 128: the same tokens a step, attention half as long, positions learned over 128 rows "
              "(chosen: the main job's shape since)", {"model": {"block_size": 128}, "seq_len": 128, "batch_size": 32}),
     "lr1e-2": ("v3's peak learning rate 1e-2 for every group (6e-3 now), at context 256", {"lr": 1e-2, **CONTEXT_256}),
+    "t128-lr1e-2": ("t128's shape with v3's peak learning rate 1e-2 for every group (6e-3 in t128)",
+                    {"lr": 1e-2, "model": {"block_size": 128}, "seq_len": 128, "batch_size": 32}),
     "peer": ("nanoGPT's recipe on the shape of now: AdamW β 0.9/0.95, warm-up into cosine (andrea's v2, lr 2e-3)",
              {"recipe": "v2", **CONTEXT_256}),
 }

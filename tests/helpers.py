@@ -551,3 +551,19 @@ def python_only(segments):
         return harris.HarrisTokenizer(segments)
     finally:
         harris._compiled = saved
+
+
+def kind_patterns(n: int) -> np.ndarray:
+    """(1, 1, 4, 2n + 1, 2n + 1): head 1 previous token, 2 first token, 3 same token, 4 induction,
+    each query all its weight on its kind's key where it has one (the first token otherwise)."""
+    T = 2 * n + 1
+    p = np.zeros((1, 1, 4, T, T))
+    p[..., 0] = 1.0
+    for i in range(1, T):
+        p[0, 0, :, i, 0] = 1.0
+        wanted = {0: i - 1, 2: i - n if i > n else None, 3: i - n + 1 if i > n else None}
+        for head, j in wanted.items():
+            if j is not None and 0 <= j <= i:
+                p[0, 0, head, i, :] = 0
+                p[0, 0, head, i, j] = 1.0
+    return p

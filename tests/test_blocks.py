@@ -3,13 +3,15 @@ against the layer's own output, and the logit lens against the model's own logit
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
 import pytest
 import torch
-from test_embed import CAT, DOG, D, model, tiny_model, tok  # noqa: F401 (fixtures)
+from test_embed import CAT, DOG, D, model, run, tiny_model, tok  # noqa: F401 (fixtures)
 
+from andrea.checkpoint import save_checkpoint
 from andrea.errors import AndreaError
 from andrea.inside.blocks import attention, lens_logits, logit_lens
 from andrea.model import ANDREA, attention_weights
@@ -82,3 +84,27 @@ def test_the_lens_after_the_last_block_is_the_models_own_logits(model, tok):
         logit_lens(model, tok, "x" * 20)
     with pytest.raises(AndreaError, match="empty"):
         attention(model, tok, "")
+
+
+def test_cli_attention_and_lens(tok, tmp_path, capsys):
+    m = hand_set_attention_model()
+    path = save_checkpoint(tmp_path / "att.safetensors", m.config, m.state_dict(), meta={"tokenizer": tok.to_dict()})
+    code, out, _ = run(capsys, "embed", "attention", " cat dog cat", "--no-bos", "--checkpoint", str(path))
+    assert code == 0 and "layer 1, head 1" in out and "layer 1, head 2" in out
+    e2 = math.exp(2)
+    row = next(line for line in out.splitlines() if line.startswith("1:␣dog"))
+    assert row.split()[1:3] == [f"{100 / (1 + e2):.0f}", f"{100 * e2 / (1 + e2):.0f}"]  # 12 and 88
+    code, out, _ = run(capsys, "embed", "attention", " cat dog cat", "--no-bos", "--head", "2", "--checkpoint", str(path), "--json")
+    r = json.loads(out)
+    assert np.array(r["patterns"]).shape == (1, 2, 3, 3) and r["patterns"][0][1][2] == pytest.approx([1 / 3] * 3, abs=1e-6)
+    code, _, err = run(capsys, "embed", "attention", " cat", "--head", "3", "--checkpoint", str(path))
+    assert code == 2 and "no head 3" in err
+    code, out, _ = run(capsys, "embed", "lens", " cat dog", "-k", "2", "--checkpoint", str(path))
+    assert code == 0 and "embedding" in out and "block 1" in out and "position 2: ␣dog" in out
+    code, out, _ = run(capsys, "embed", "lens", " cat dog", "-k", "2", "--checkpoint", str(path), "--json")
+    r = json.loads(out)
+    with torch.no_grad():
+        logits, _ = m(torch.tensor([r["ids"]]))
+    assert [c["top"][0]["id"] for c in r["lens"][-1]] == logits[0].argmax(-1).tolist()
+    code, _, err = run(capsys, "embed", "lens", " cat", "-k", "0", "--checkpoint", str(path))
+    assert code == 2 and "argument -k: must be an integer from 1 to" in err  # the flag's own range

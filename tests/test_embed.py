@@ -435,30 +435,6 @@ def test_cli_words_in_their_word_initial_form(checkpoint, capsys):
     assert r["input"]["dot"] == pytest.approx(0.0) and r["input"]["plane"]["u"] == pytest.approx([5.0, 0.0])
 
 
-def test_cli_attention_and_lens(tok, tmp_path, capsys):
-    m = hand_set_attention_model()
-    path = save_checkpoint(tmp_path / "att.safetensors", m.config, m.state_dict(), meta={"tokenizer": tok.to_dict()})
-    code, out, _ = run(capsys, "embed", "attention", " cat dog cat", "--no-bos", "--checkpoint", str(path))
-    assert code == 0 and "layer 1, head 1" in out and "layer 1, head 2" in out
-    e2 = math.exp(2)
-    row = next(line for line in out.splitlines() if line.startswith("1:␣dog"))
-    assert row.split()[1:3] == [f"{100 / (1 + e2):.0f}", f"{100 * e2 / (1 + e2):.0f}"]  # 12 and 88
-    code, out, _ = run(capsys, "embed", "attention", " cat dog cat", "--no-bos", "--head", "2", "--checkpoint", str(path), "--json")
-    r = json.loads(out)
-    assert np.array(r["patterns"]).shape == (1, 2, 3, 3) and r["patterns"][0][1][2] == pytest.approx([1 / 3] * 3, abs=1e-6)
-    code, _, err = run(capsys, "embed", "attention", " cat", "--head", "3", "--checkpoint", str(path))
-    assert code == 2 and "no head 3" in err
-    code, out, _ = run(capsys, "embed", "lens", " cat dog", "-k", "2", "--checkpoint", str(path))
-    assert code == 0 and "embedding" in out and "block 1" in out and "position 2: ␣dog" in out
-    code, out, _ = run(capsys, "embed", "lens", " cat dog", "-k", "2", "--checkpoint", str(path), "--json")
-    r = json.loads(out)
-    with torch.no_grad():
-        logits, _ = m(torch.tensor([r["ids"]]))
-    assert [c["top"][0]["id"] for c in r["lens"][-1]] == logits[0].argmax(-1).tolist()
-    code, _, err = run(capsys, "embed", "lens", " cat", "-k", "0", "--checkpoint", str(path))
-    assert code == 2 and "argument -k: must be an integer from 1 to" in err  # the flag's own range
-
-
 def test_library_errors_name_arguments_not_flags(model, tok):
     for call in (lambda: load_subject(), lambda: load_subject(checkpoint="x", preset="y"),
                  lambda: map_points(model, tok), lambda: map_points(model, tok, top=1),

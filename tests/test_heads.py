@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import opts, tiny_config
+from helpers import kind_patterns, opts, tiny_config
 from test_lessons_attention import TOK, previous_token_model
 
 from andrea.config import BOS, N_SPECIAL
@@ -15,22 +15,6 @@ from andrea.inside import heads
 from andrea.train import train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def kind_patterns(n: int) -> np.ndarray:
-    """(1, 1, 4, 2n + 1, 2n + 1): head 1 previous token, 2 first token, 3 same token, 4 induction,
-    each query all its weight on its kind's key where it has one (the first token otherwise)."""
-    T = 2 * n + 1
-    p = np.zeros((1, 1, 4, T, T))
-    p[..., 0] = 1.0
-    for i in range(1, T):
-        p[0, 0, :, i, 0] = 1.0
-        wanted = {0: i - 1, 2: i - n if i > n else None, 3: i - n + 1 if i > n else None}
-        for head, j in wanted.items():
-            if j is not None and 0 <= j <= i:
-                p[0, 0, head, i, :] = 0
-                p[0, 0, head, i, j] = 1.0
-    return p
 
 
 def test_head_scores_give_each_kind_to_its_head_and_chance_for_even_attention():

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import tiny_config
+from helpers import kind_patterns, tiny_config
 
 from andrea.checkpoint import save_checkpoint
 from andrea.cli import main

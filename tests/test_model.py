@@ -486,6 +486,22 @@ def test_removed_parts_are_zeroed_in_every_pass_and_come_back_after():
     assert torch.equal(logits_of(model, ids), before)
 
 
+def test_parts_removed_in_one_thread_are_whole_in_another():
+    """The lab answers a lens or a chat in one thread while a lesson removes parts in another: the
+    removal is the removing thread's alone."""
+    import threading
+
+    model = sharpen(build())
+    ids = random_ids(TINY, 1, 10)
+    before, seen = logits_of(model, ids), {}
+    with model.removed(heads=[(0, 1)], attention=[1], mlp=[0]):
+        removed = logits_of(model, ids)
+        other = threading.Thread(target=lambda: seen.update(logits=logits_of(model, ids)))
+        other.start()
+        other.join()
+    assert not torch.equal(removed, before) and torch.equal(seen["logits"], before)
+
+
 def test_removing_a_part_the_model_does_not_have_is_refused_in_a_sentence():
     model = build()
     for kwargs in ({"heads": [(0, TINY.n_head)]}, {"heads": [(TINY.n_layer, 0)]}, {"attention": [-1]}, {"mlp": [TINY.n_layer]}):
