@@ -29,6 +29,13 @@ def bits_per_byte(nats: float, nbytes: float) -> float:
     return float(nats) / (LOG2 * max(float(nbytes), 1.0))
 
 
+def summed_nats(logits: torch.Tensor, targets: torch.Tensor) -> float:
+    """The loss in nats summed over every prediction of (..., V) logits against (...) targets, in
+    float64: for a reader that turns the last state into logits its own way (a lesson's lens at
+    each block, or another table as the head), the same cross-entropy as every other figure here."""
+    return float(torch.nn.functional.cross_entropy(logits.double().flatten(0, -2), targets.flatten(), reduction="sum"))
+
+
 def token_byte_lengths(tokenizer, vocab_size: int) -> torch.Tensor:
     """(V,) float64: how many bytes each token stands for."""
     return torch.tensor([len(tokenizer.token_bytes(i)) for i in range(vocab_size)], dtype=torch.float64)

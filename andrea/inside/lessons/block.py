@@ -45,7 +45,7 @@ import torch.nn.functional as F
 
 from andrea.config import get_preset, norm_params, param_rows
 from andrea.errors import AndreaError
-from andrea.evaluate import bits_per_byte, position_nats, token_byte_lengths
+from andrea.evaluate import bits_per_byte, position_nats, summed_nats, token_byte_lengths
 from andrea.inside.lessons.attention import (MICRO, MIN_COST, Inputs, held_out, inputs_for, load_inputs, masked_softmax,
                                       prompt_ids)
 from andrea.inside.lessons.report import CANNOT, CAVEAT, FAILS, HOLDS, Step, report_json, report_text, walk
@@ -115,8 +115,7 @@ def _bpb_through(inp: Inputs, tables: list[torch.Tensor]) -> list[float]:
     for i in range(0, len(x), MICRO):
         h = inp.model.ln_f(inp.model.trace(x[i : i + MICRO]).stream()[-1])
         for k, table in enumerate(tables):
-            logits = F.linear(h, table).double()
-            nats[k] += float(F.cross_entropy(logits.flatten(0, 1), y[i : i + MICRO].flatten(), reduction="sum"))
+            nats[k] += summed_nats(F.linear(h, table), y[i : i + MICRO])
     return [bits_per_byte(n, nbytes) for n in nats]
 
 
@@ -298,8 +297,7 @@ def step_lens(inp: Inputs) -> Step:
     nats = np.zeros(model.config.n_layer + 1)
     for i in range(0, len(x), MICRO):
         for s, state in enumerate(model.trace(x[i : i + MICRO]).stream()):
-            logits = model.head(model.ln_f(state)).double()
-            nats[s] += float(F.cross_entropy(logits.flatten(0, 1), y[i : i + MICRO].flatten(), reduction="sum"))
+            nats[s] += summed_nats(model.head(model.ln_f(state)), y[i : i + MICRO])
     bpb = [bits_per_byte(n, nbytes) for n in nats]
     stages = ["embedding"] + [f"block {i + 1}" for i in range(model.config.n_layer)]
     rises = [stages[s] for s in range(1, len(bpb)) if bpb[s] >= bpb[s - 1]]
