@@ -159,3 +159,16 @@ def test_every_module_has_a_test_file_of_its_name_or_says_where_it_is_tested():
             unnamed.append(name)
     assert sorted(unnamed) == sorted(COVERED_BY), "a module without tests/test_<name>.py must be named in COVERED_BY"
     assert all(f in tests for files in COVERED_BY.values() for f in files)
+
+
+def test_the_training_loop_enters_no_lab_module():
+    """What a run computes at its snapshots (the heads' scores, the word scores) comes from the
+    looking-inside modules it needs, never the lab's views or the lab's table module."""
+    import subprocess
+    import sys
+
+    code = "import sys, andrea.train; print(' '.join(m for m in sys.modules if m.startswith('andrea.')))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert "andrea.train" in loaded and "andrea.inside.heads" in loaded
+    assert not [m for m in loaded if m.startswith(("andrea.web", "andrea.inside.embed", "andrea.inside.blocks",
+                                                   "andrea.inside.lessons"))]
