@@ -15,6 +15,11 @@ peer's biases add no matmul work. The reference rate is a 2048² fp32 torch.mm w
 measured once per round between the steps so that it shares their conditions on a shared machine;
 like the step times, the best measurement is the one reported.
 
+With --bf16 two more arms run andrea and the peer with their forward (and so their backward) under
+bfloat16 autocast, float32 weights and optimizer: how `andrea train` runs where the CPU computes
+bfloat16 natively (`andrea.processor`). Their share of the matmul rate is taken against a bfloat16
+2048² torch.mm, measured the same way.
+
 A third arm runs andrea as it trained before the loss went into blocks and the head was padded
 (the loss from whole logits, `loss_chunk = 0`; `vocab_multiple = 1`), so that what those two
 changes buy is measured in the same run, beside the same peer.
@@ -49,12 +54,13 @@ from andrea.model import ANDREA, tune_for_training  # noqa: E402
 PEER_ACTIVATION = {"relu2": "relu2", "relu": "relu", "gelu": "gelu"}
 PEER = "gpt2 (transformers)"
 COMPILED = "andrea (torch.compile)"
+OURS_BF16, PEER_BF16 = "andrea (bf16 autocast)", "gpt2 (transformers, bf16 autocast)"
 PLAIN = "andrea, whole loss, unpadded head"
 
 
-def matmul_rate(n: int = 2048, seconds: float = 0.5) -> float:
-    """fp32 FLOP/s of an n×n torch.mm, repeated for about `seconds`."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
+def matmul_rate(n: int = 2048, seconds: float = 0.5, dtype=torch.float32) -> float:
+    """FLOP/s of an n×n torch.mm in `dtype`, repeated for about `seconds`."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
     torch.mm(a, b)
     reps, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
@@ -85,12 +91,13 @@ def build_peer(cfg):
     return peer
 
 
-def make_step(model, loss_of, x, y):
+def make_step(model, loss_of, x, y, bf16: bool = False):
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
 
     def step() -> float:
         opt.zero_grad(set_to_none=True)
-        loss = loss_of(x, y)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = loss_of(x, y)
         loss.backward()
         opt.step()
         return loss.item()
@@ -117,6 +124,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2, help="timed steps per model per round")
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads (default all cores)")
     parser.add_argument("--compile", action="store_true", help="also time andrea under torch.compile (compile time apart)")
+    parser.add_argument("--bf16", action="store_true", help="also time andrea and the peer under bfloat16 autocast, as "
+                                                            "andrea train runs where the CPU computes bfloat16 natively")
     args = parser.parse_args()
 
     cfg = PRESETS[args.preset]
@@ -142,6 +151,16 @@ def main() -> None:
     plain.loss_chunk, plain.vocab_multiple = 0, 1
     steps[PLAIN] = make_step(plain, lambda x, y: plain(x, targets=y)[1], x, y)
     n_params = {"andrea": ours.num_params(), PEER: sum(p.numel() for p in peer.parameters()), PLAIN: plain.num_params()}
+    if args.bf16:  # copies of the same weights, each with its own optimizer
+        ours16, peer16 = ANDREA(cfg), build_peer(cfg)
+        ours16.load_state_dict(ours.state_dict())
+        tune_for_training(ours16, torch.device("cpu"))
+        peer16.load_state_dict(peer.state_dict())
+        steps[OURS_BF16] = make_step(ours16, lambda x, y: ours16(x, targets=y)[1], x, y, bf16=True)
+        steps[PEER_BF16] = make_step(
+            peer16, lambda x, y: F.cross_entropy(peer16(input_ids=x).logits.view(-1, cfg.vocab_size), y.view(-1)), x, y,
+            bf16=True)
+        n_params[OURS_BF16], n_params[PEER_BF16] = n_params["andrea"], n_params[PEER]
     compile_s = None
     if args.compile:
         compiled = ANDREA(cfg)
@@ -159,13 +178,16 @@ def main() -> None:
         for _ in range(args.warmup):
             step()
     # the matmul rate is measured in every round too, so that it shares the steps' conditions
-    times, rates = {name: [] for name in steps}, []
+    times, rates, rates16 = {name: [] for name in steps}, [], []
     for r in range(args.rounds):
         order = list(steps) if r % 2 == 0 else list(reversed(steps))
         for name in order:
             times[name] += time_steps(steps[name], args.steps)
         rates.append(matmul_rate())
+        if args.bf16:
+            rates16.append(matmul_rate(dtype=torch.bfloat16))
     peak = max(rates)
+    peaks = {name: (max(rates16) if name in (OURS_BF16, PEER_BF16) else peak) for name in steps}
     load_after = load_average()
 
     d, L, T = cfg.n_embd, cfg.n_layer, args.seq
@@ -183,7 +205,7 @@ def main() -> None:
 
     import transformers
 
-    print(f"## Training step, {args.preset} shape, fp32 CPU\n")
+    print(f"## Training step, {args.preset} shape, CPU{' (fp32, and bf16 autocast)' if args.bf16 else ', fp32'}\n")
     print("| machine | value |\n|---|---|")
     print(f"| cpu | {cpu_name()} |")
     print(f"| cores / torch threads | {os.cpu_count()} / {torch.get_num_threads()} |")
@@ -195,6 +217,8 @@ def main() -> None:
     print(f"| steps timed | {args.rounds * args.steps} per model, after {args.warmup} warm-up; tokens/s from the fastest |")
     print(f"| FLOPs per token | 6·N + 12·L·T·d = 6 × {n_mm:,} + 12 × {L} × {T} × {d} = {flops_tok / 1e6:.1f} M |")
     print(f"| fp32 matmul rate (2048² torch.mm, best of rounds) | {peak / 1e9:.1f} GFLOP/s |")
+    if args.bf16:
+        print(f"| bf16 matmul rate (the same, in bfloat16) | {max(rates16) / 1e9:.1f} GFLOP/s |")
     print(f"| load average (1 min) before / after | {load_before} / {load_after} |")
     if compile_s is not None:
         print(f"| torch.compile: the first step (compiling forward and backward) | {compile_s:.1f} s |")
@@ -203,11 +227,14 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name, (best, med, tps, gflops) in rows.items():
         print(f"| {name} | {n_params[name]:,} | {best * 1e3:.0f} | {med * 1e3:.0f} | {tps:,.0f} | {gflops:.1f} | "
-              f"{100 * gflops * 1e9 / peak:.0f}% |")
+              f"{100 * gflops * 1e9 / peaks[name]:.0f}% |")
     print()
     print(f"andrea / gpt2 tokens per second: {ratio:.2f}×")
     print(f"andrea / andrea with the whole loss and an unpadded head tokens per second: "
           f"{rows['andrea'][2] / rows[PLAIN][2]:.2f}×")
+    if args.bf16:
+        print(f"andrea / gpt2 tokens per second, both under bf16 autocast: {rows[OURS_BF16][2] / rows[PEER_BF16][2]:.2f}×")
+        print(f"andrea under bf16 autocast / andrea in fp32 tokens per second: {rows[OURS_BF16][2] / rows['andrea'][2]:.2f}×")
     if compile_s is not None:
         print(f"andrea compiled / gpt2 tokens per second: {rows[COMPILED][2] / rows[PEER][2]:.2f}×")
         print(f"andrea compiled / andrea eager tokens per second: {rows[COMPILED][2] / rows['andrea'][2]:.2f}×")
