@@ -52,6 +52,9 @@ CANDIDATES = {
     "lr1e-2": ("v3's peak learning rate 1e-2 for every group (6e-3 now), at context 256", {"lr": 1e-2, **CONTEXT_256}),
     "t128-lr1e-2": ("t128's shape with v3's peak learning rate 1e-2 for every group (6e-3 in t128)",
                     {"lr": 1e-2, "model": {"block_size": 128}, "seq_len": 128, "batch_size": 32}),
+    "t128-tables1e-2": ("t128's shape with the AdamW groups (the two tables, the head, the norms) at a peak of 1e-2 and "
+                        "Muon's matrices kept at 6e-3: per-group rates", {"lr": 1e-2, "muon_lr": 6e-3, "model": {"block_size": 128},
+                                                                          "seq_len": 128, "batch_size": 32}),
     "peer": ("nanoGPT's recipe on the shape of now: AdamW β 0.9/0.95, warm-up into cosine (andrea's v2, lr 2e-3)",
              {"recipe": "v2", **CONTEXT_256}),
 }
