@@ -24,9 +24,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from andrea.errors import AndreaError
-from andrea.files import json_lines, open_regular, write_error_reason
+from andrea.files import MAX_JSON_LINE, json_lines, open_regular, write_error_reason
 from andrea.inside.heads import KINDS
-from andrea.validate import number_in
+from andrea.validate import Shape, number_in, shape_problem
 
 # Every reader of metrics.jsonl's rows; each reads them through `read_metrics` alone.
 METRICS_READERS = (
@@ -72,66 +72,47 @@ MAX_LOSS = 1e4  # nats per token: a random model's is about ln V (9 for V = 8,70
 MAX_N = 1 << 16  # tokens of the heads' random sequence r
 
 
-def _count(v) -> bool:
-    return number_in(v, int, 0, MAX_STEP)
+_COUNT, _UNIT, _ANY = Shape.integer(0, MAX_STEP), Shape.real(0, 1), Shape.real(0, math.inf)
+_LOSS, _TEXT = Shape.real(0, MAX_LOSS), Shape.text(MAX_JSON_LINE)  # a row is at most one line long
+_SOURCE_EVAL = Shape.mapping(Shape.record(loss=_LOSS, bpb=_ANY, tokens_=Shape.optional(_COUNT), se_=Shape.optional(_ANY)))
 
-
-def _real(lo, hi):
-    return lambda v: number_in(v, float, lo, hi)
-
-
-def _maybe(check):
-    return lambda v: v is None or check(v)
-
-
-def _text(v) -> bool:
-    return isinstance(v, str)
-
-
-def _table(check):
-    """A JSON object (its keys are strings), each value passing `check`."""
-    return lambda v: isinstance(v, dict) and all(check(x) for x in v.values())
-
-
-_UNIT, _COS, _ANY = _real(0, 1), _real(-1, 1), _real(0, math.inf)
-_LOSS = _real(0, MAX_LOSS)
-_SOURCE_EVAL = _table(lambda m: isinstance(m, dict) and _LOSS(m.get("loss")) and _ANY(m.get("bpb"))
-                      and _maybe(_count)(m.get("tokens")) and _maybe(_ANY)(m.get("se")))
-
-# each kind of row: the field that names it, then every field of its own it may hold, {name: (required, check)};
-# a row holds "step" (an integer from 0) and the fields of exactly one kind
-SHAPES = {
-    "step": ("loss", {"loss": (True, _LOSS), "smma": (True, _LOSS), "lr": (False, _ANY), "source": (False, _text),
-                      "tokens": (False, _count), "tok_per_s": (False, _ANY), "mfu": (False, _maybe(_ANY)),
-                      "time": (False, _ANY), "grad_norm": (False, _maybe(_ANY)), "weights": (False, _table(_UNIT))}),
-    "eval": ("eval", {"eval": (True, lambda v: _SOURCE_EVAL(v) and "all" in v)}),
-    "audit": ("audit", {"audit": (True, lambda v: isinstance(v, dict) and _real(0, 100)(v.get("score"))
-                                  and _table(_UNIT)(v.get("components")) and _text(v.get("text")))}),
-    "similarity": ("similarity", {"similarity": (True, _table(_table(_maybe(_COS)))), "growth_seconds": (False, _ANY)}),
-    "heads": ("heads", {"heads": (True, lambda v: isinstance(v, dict))}),  # and _heads_fault: the model's shape
+# each kind of row: the field that names it, and the row's declared shape (andrea.validate.Shape: a
+# key ending in "_" is optional); a row holds "step" (an integer from 0) and the fields of exactly one kind
+KINDS_OF_ROW = {
+    "step": ("loss", Shape.record(loss=_LOSS, smma=_LOSS, lr_=_ANY, source_=_TEXT, tokens_=_COUNT, tok_per_s_=_ANY,
+                                  mfu_=Shape.optional(_ANY), time_=_ANY, grad_norm_=Shape.optional(_ANY),
+                                  weights_=Shape.mapping(_UNIT))),
+    "eval": ("eval", Shape.record(eval=_SOURCE_EVAL)),  # and a source "all"
+    "audit": ("audit", Shape.record(audit=Shape.record(score=Shape.real(0, 100), components=Shape.mapping(_UNIT),
+                                                       text=_TEXT))),
+    "similarity": ("similarity", Shape.record(similarity=Shape.mapping(Shape.mapping(Shape.optional(Shape.real(-1, 1)))),
+                                              growth_seconds_=_ANY)),
+    "heads": ("heads", Shape.record(heads=Shape.mapping(Shape.anything()))),  # and _heads_fault: the model's shape
 }
 
 
 def row_kind(row) -> str | None:
-    """The kind of a metrics row (a key of SHAPES), or None when it names none or more than one."""
-    kinds = [kind for kind, (key, _) in SHAPES.items() if isinstance(row, dict) and key in row]
+    """The kind of a metrics row (a key of KINDS_OF_ROW), or None when it names none or more than one."""
+    kinds = [kind for kind, (key, _) in KINDS_OF_ROW.items() if isinstance(row, dict) and key in row]
     return kinds[0] if len(kinds) == 1 else None
 
 
 def valid_row(row, heads_shape: tuple[int, int] | None = None) -> str | None:
-    """Why a metrics row fails its declared shape (SHAPES), or None when it passes: a JSON object
-    of one kind, its step an integer from 0, every field of its kind present where required and of
-    its type, range and finiteness; the heads' scores (L, heads) lists, of `heads_shape` when given."""
+    """Why a metrics row fails its declared shape (KINDS_OF_ROW), or None when it passes: a JSON
+    object of one kind, its step an integer from 0, every field of its kind present where required
+    and of its type, range and finiteness; the heads' scores (L, heads) lists, of `heads_shape` when given."""
     if not isinstance(row, dict):
         return "it is not a JSON object"
-    if not _count(row.get("step")):
+    if shape_problem(row.get("step"), _COUNT):
         return "its step is not an integer from 0"
     kind = row_kind(row)
     if kind is None:
         return "it is no one kind of row andrea writes"
-    for name, (required, check) in SHAPES[kind][1].items():
-        if (name in row and not check(row[name])) or (required and name not in row):
-            return f"its {name} is missing or not of its type and range"
+    problem = shape_problem(row, KINDS_OF_ROW[kind][1])
+    if problem:
+        return f"its {problem}"
+    if kind == "eval" and "all" not in row["eval"]:
+        return "its eval gives no figure over all sources"
     return _heads_fault(row["heads"], heads_shape) if kind == "heads" else None
 
 
@@ -152,13 +133,13 @@ def _heads_fault(value, shape: tuple[int, int] | None) -> str | None:
         return "its heads' scores name no sequence length n"
     scores, best = value.get("scores"), value.get("best")
     if not isinstance(scores, dict) or not isinstance(best, dict) \
-            or any(k not in scores or not _UNIT(best.get(k)) for k in KINDS):
+            or any(k not in scores or shape_problem(best.get(k), _UNIT) for k in KINDS):
         return f"its heads' scores do not give each of {', '.join(KINDS)}"
     got = heads_shape_of(value)
     for kind in KINDS:
         s = scores[kind]
         if got is None or not isinstance(s, list) or len(s) != got[0] or not all(
-                isinstance(b, list) and len(b) == got[1] and all(_UNIT(w) for w in b) for b in s):
+                isinstance(b, list) and len(b) == got[1] and not any(shape_problem(w, _UNIT) for w in b) for b in s):
             return f"its heads' {kind} scores are not a list of blocks of heads' weights in [0, 1]"
     if shape is not None and got != tuple(shape):
         return f"its heads' scores are of {got[0]} blocks × {got[1]} heads, the model's {shape[0]} × {shape[1]}"
