@@ -170,6 +170,7 @@ class TokenData:
                 if (self.dir / PROGRESS_FILE).exists() else ""
             raise AndreaError(f"{self.dir} has no manifest.json{unfinished}; make the folder with `andrea prepare`.")
         self.manifest = check_manifest(read_json(manifest_path, "manifest"), manifest_path)
+        self._tokenizer = None
         self.sources: dict[str, SourceShards] = {}
         for name, entry in self.manifest["sources"].items():
             train = _split_shards(self.dir, name, "train", entry["train"], self.vocab_size)
@@ -185,11 +186,14 @@ class TokenData:
         return list(self.sources)
 
     def load_tokenizer(self):
-
-        tok = HarrisTokenizer.load(self.dir / "tokenizer")
-        if tok.fingerprint() != self.manifest["tokenizer"]:
-            raise AndreaError(f"{self.dir}/tokenizer is not the tokenizer these shards were made with.")
-        return tok
+        """The tokenizer saved beside the shards, once it matches the manifest's fingerprint; read
+        once per opening (the gate reads it, and so does the run that opened the folder)."""
+        if self._tokenizer is None:
+            tok = HarrisTokenizer.load(self.dir / "tokenizer")
+            if tok.fingerprint() != self.manifest["tokenizer"]:
+                raise AndreaError(f"{self.dir}/tokenizer is not the tokenizer these shards were made with.")
+            self._tokenizer = tok
+        return self._tokenizer
 
     def check_context(self, seq_len: int) -> None:
         for s in self.sources.values():
