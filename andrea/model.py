@@ -141,6 +141,32 @@ def one_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> to
     return (weights @ v.float()).to(v.dtype)
 
 
+PLAIN_ATTENTION_MAX_T = 128  # the longest window whose training attention runs in plain products (below)
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal attention of a window (B, nh, T, hs): SDPA, except while a CPU trains in bfloat16
+    at T ≤ PLAIN_ATTENTION_MAX_T, where softmax(q·kᵀ/√hs)·v runs in plain products (the scores'
+    softmax in float32, as SDPA's kernel computes it). There SDPA's CPU backward is the slow
+    part of the step, and at longer windows the float32 scores make plain products the slower:
+    `benchmarks/bench_train.py --bf16` times the step in the other kernel beside the chosen one
+    (BENCHMARKS "Training step against transformers' GPT-2"). Float32, longer windows, GPUs and
+    every pass without gradients (evaluation, decoding) keep SDPA."""
+    T = q.shape[2]
+    plain = (q.device.type == "cpu" and q.dtype == torch.bfloat16 and T <= PLAIN_ATTENTION_MAX_T
+             and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
+    return plain_causal_attention(q, k, v) if plain else F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def plain_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """softmax(q·kᵀ/√hs, the future masked)·v in plain products, the scores and their softmax in at
+    least float32, the products in q's and v's dtype."""
+    T = q.shape[2]
+    scores = (q @ k.transpose(-1, -2)).to(torch.promote_types(q.dtype, torch.float32)) * q.shape[-1] ** -0.5
+    later = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
+    return scores.masked_fill(later, float("-inf")).softmax(-1).to(v.dtype) @ v
+
+
 def attend(q, k, v, keys=None, values=None, at: int | torch.Tensor | Rows = 0, mask=None) -> torch.Tensor:
     """Scaled dot-product attention of queries q over keys k and values v (B, nh, T, hs), the one
     place a forward pass writes a KV cache and calls the attention kernel.
@@ -154,7 +180,7 @@ def attend(q, k, v, keys=None, values=None, at: int | torch.Tensor | Rows = 0, m
       `Rows`         one token a row, each at its own position of its own slot (batched decoding).
     """
     if keys is None:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return causal_attention(q, k, v)
     if isinstance(at, Rows):
         keys[at.slots, :, at.positions] = k[:, :, 0]
         values[at.slots, :, at.positions] = v[:, :, 0]

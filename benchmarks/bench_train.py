@@ -18,7 +18,10 @@ like the step times, the best measurement is the one reported.
 With --bf16 two more arms run andrea and the peer with their forward (and so their backward) under
 bfloat16 autocast, float32 weights and optimizer: how `andrea train` runs where the CPU computes
 bfloat16 natively (`andrea.processor`). Their share of the matmul rate is taken against a bfloat16
-2048² torch.mm, measured the same way.
+2048² torch.mm, measured the same way. A third bf16 arm runs andrea with its attention in the
+other kernel: where a bf16 CPU step computes attention in plain products (`causal_attention`, up
+to `PLAIN_ATTENTION_MAX_T`), in SDPA's, as it trained before; at longer windows, in plain
+products. So what the choice buys at --seq is measured in the same run.
 
 A third arm runs andrea as it trained before the loss went into blocks and the head was padded
 (the loss from whole logits, `loss_chunk = 0`; `vocab_multiple = 1`), so that what those two
@@ -56,6 +59,7 @@ PEER = "gpt2 (transformers)"
 COMPILED = "andrea (torch.compile)"
 OURS_BF16, PEER_BF16 = "andrea (bf16 autocast)", "gpt2 (transformers, bf16 autocast)"
 PLAIN = "andrea, whole loss, unpadded head"
+OTHER_BF16 = "andrea (bf16 autocast, attention in {})"
 
 
 def matmul_rate(n: int = 2048, seconds: float = 0.5, dtype=torch.float32) -> float:
@@ -105,6 +109,24 @@ def make_step(model, loss_of, x, y, bf16: bool = False):
     return step
 
 
+def other_kernel(step, seq: int):
+    """`step` with andrea's training attention in the kernel it does not choose at `seq` tokens:
+    SDPA where it chooses plain products, plain products where it chooses SDPA; and that kernel's name."""
+    import andrea.model
+
+    plain = seq <= andrea.model.PLAIN_ATTENTION_MAX_T
+    limit = 0 if plain else seq
+
+    def other_step() -> float:
+        keep, andrea.model.PLAIN_ATTENTION_MAX_T = andrea.model.PLAIN_ATTENTION_MAX_T, limit
+        try:
+            return step()
+        finally:
+            andrea.model.PLAIN_ATTENTION_MAX_T = keep
+
+    return other_step, "SDPA" if plain else "plain products"
+
+
 def time_steps(step, n: int) -> list[float]:
     times = []
     for _ in range(n):
@@ -151,6 +173,7 @@ def main() -> None:
     plain.loss_chunk, plain.vocab_multiple = 0, 1
     steps[PLAIN] = make_step(plain, lambda x, y: plain(x, targets=y)[1], x, y)
     n_params = {"andrea": ours.num_params(), PEER: sum(p.numel() for p in peer.parameters()), PLAIN: plain.num_params()}
+    other = None  # the bf16 arm in the kernel andrea does not choose
     if args.bf16:  # copies of the same weights, each with its own optimizer
         ours16, peer16 = ANDREA(cfg), build_peer(cfg)
         ours16.load_state_dict(ours.state_dict())
@@ -160,7 +183,14 @@ def main() -> None:
         steps[PEER_BF16] = make_step(
             peer16, lambda x, y: F.cross_entropy(peer16(input_ids=x).logits.view(-1, cfg.vocab_size), y.view(-1)), x, y,
             bf16=True)
-        n_params[OURS_BF16], n_params[PEER_BF16] = n_params["andrea"], n_params[PEER]
+        other16 = ANDREA(cfg)
+        other16.load_state_dict(ours.state_dict())
+        tune_for_training(other16, torch.device("cpu"))
+        other_step, kernel = other_kernel(make_step(other16, lambda x, y: other16(x, targets=y)[1], x, y, bf16=True),
+                                         args.seq)
+        other = OTHER_BF16.format(kernel)
+        steps[other] = other_step
+        n_params[OURS_BF16], n_params[PEER_BF16], n_params[other] = n_params["andrea"], n_params[PEER], n_params["andrea"]
     compile_s = None
     if args.compile:
         compiled = ANDREA(cfg)
@@ -187,7 +217,7 @@ def main() -> None:
         if args.bf16:
             rates16.append(matmul_rate(dtype=torch.bfloat16))
     peak = max(rates)
-    peaks = {name: (max(rates16) if name in (OURS_BF16, PEER_BF16) else peak) for name in steps}
+    peaks = {name: (max(rates16) if name in (OURS_BF16, PEER_BF16, other) else peak) for name in steps}
     load_after = load_average()
 
     d, L, T = cfg.n_embd, cfg.n_layer, args.seq
@@ -235,6 +265,8 @@ def main() -> None:
     if args.bf16:
         print(f"andrea / gpt2 tokens per second, both under bf16 autocast: {rows[OURS_BF16][2] / rows[PEER_BF16][2]:.2f}×")
         print(f"andrea under bf16 autocast / andrea in fp32 tokens per second: {rows[OURS_BF16][2] / rows['andrea'][2]:.2f}×")
+        print(f"andrea under bf16 autocast / the same with attention in {kernel} tokens per second: "
+              f"{rows[OURS_BF16][2] / rows[other][2]:.2f}×")
     if compile_s is not None:
         print(f"andrea compiled / gpt2 tokens per second: {rows[COMPILED][2] / rows[PEER][2]:.2f}×")
         print(f"andrea compiled / andrea eager tokens per second: {rows[COMPILED][2] / rows['andrea'][2]:.2f}×")

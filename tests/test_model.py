@@ -508,3 +508,74 @@ def test_removing_a_part_the_model_does_not_have_is_refused_in_a_sentence():
         with pytest.raises(AndreaError, match="counted from 0"), model.removed(**kwargs):
             pass
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+
+
+def sdpa_calls(monkeypatch) -> list:
+    """The shapes of the queries andrea.model hands to SDPA from now on."""
+    import andrea.model
+
+    calls, real = [], torch.nn.functional.scaled_dot_product_attention
+
+    def counted(q, *args, **kwargs):
+        calls.append(tuple(q.shape))
+        return real(q, *args, **kwargs)
+
+    monkeypatch.setattr(andrea.model.F, "scaled_dot_product_attention", counted)
+    return calls
+
+
+def attention_and_gradients(f, q, k, v, dtype):
+    """f's output and the gradients of q, k and v (of the sum of its squares), taken in dtype."""
+    inputs = [t.detach().to(dtype).clone().requires_grad_() for t in (q, k, v)]
+    out = f(*inputs)
+    out.double().square().sum().backward()
+    return [out.detach().double()] + [t.grad.double() for t in inputs]
+
+
+def test_training_attention_in_plain_products_is_sdpas_in_value_and_gradient():
+    """andrea.model.plain_causal_attention (a bf16 CPU training step's kernel) is SDPA's causal
+    attention: equal in float64, output and gradients of q, k and v; and in bfloat16 no further
+    from the float64 values than SDPA's own kernel in bfloat16 is (within 2×, on three draws)."""
+    from andrea.model import plain_causal_attention
+
+    def sdpa(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    for seed in range(3):
+        g = torch.Generator().manual_seed(seed)
+        q, k, v = (torch.randn(2, 3, 16, 8, generator=g, dtype=torch.float64) * 2 for _ in range(3))
+        exact = attention_and_gradients(sdpa, q, k, v, torch.float64)
+        for a, b in zip(attention_and_gradients(plain_causal_attention, q, k, v, torch.float64), exact):
+            torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10)
+        plain = attention_and_gradients(plain_causal_attention, q, k, v, torch.bfloat16)
+        theirs = attention_and_gradients(sdpa, q, k, v, torch.bfloat16)
+        for a, b, want in zip(plain, theirs, exact):
+            assert (a - want).abs().max() <= 2 * (b - want).abs().max() + 1e-3 * want.abs().max()
+    # causality: the last value moves nothing before it
+    q, k, v = (torch.randn(1, 2, 16, 8, generator=g, dtype=torch.bfloat16) for _ in range(3))
+    out = plain_causal_attention(q, k, v)
+    v[..., -1, :] += 10
+    assert torch.equal(plain_causal_attention(q, k, v)[..., :-1, :], out[..., :-1, :])
+
+
+def test_a_bf16_cpu_training_pass_computes_attention_in_plain_products_and_every_other_pass_in_sdpa(monkeypatch):
+    """The kernel choice (andrea.model.causal_attention): SDPA is not called by a training forward
+    under bf16 autocast on the CPU at a window of at most PLAIN_ATTENTION_MAX_T; it is called in
+    float32, without gradients, and past that window."""
+    import andrea.model
+
+    model = build()
+    ids = random_ids(TINY, 2, 16)
+    calls = sdpa_calls(monkeypatch)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(ids, targets=ids)[1].backward()
+    assert calls == []
+    model(ids, targets=ids)[1].backward()  # float32
+    assert len(calls) == TINY.n_layer
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        model(ids)  # evaluation and decoding
+    assert len(calls) == 2 * TINY.n_layer
+    monkeypatch.setattr(andrea.model, "PLAIN_ATTENTION_MAX_T", 15)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(ids, targets=ids)[1].backward()
+    assert len(calls) == 3 * TINY.n_layer and all(shape[2] == 16 for shape in calls)
