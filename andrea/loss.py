@@ -20,8 +20,9 @@ class ChunkedCrossEntropy(torch.autograd.Function):
     multiplied into the gradients of the block's h and of the weight (summed over blocks in
     fp32). Backward only scales those by the incoming gradient. One block's logits exist at a
     time, in one buffer every block reuses and every step works in place (max, subtract, exp,
-    normalise), so the batch's logits (and their fp32 copy, and its log-softmax) are never made
-    and no block allocates: on a CPU a fresh 25 MiB array costs its page faults each time. The
+    normalise; below float32, in a second, float32 buffer, and the gradient back into the first),
+    so the batch's logits (and their fp32 copy, and its log-softmax) are never made and no block
+    allocates: on a CPU a fresh 25 MiB array costs its page faults each time. The
     FLOPs are the plain path's, the backward's two matmuls moved into the forward.
     """
 
@@ -36,13 +37,14 @@ class ChunkedCrossEntropy(torch.autograd.Function):
             total = torch.zeros((), dtype=torch.float32, device=h.device)
             grad_h = torch.empty_like(h) if want_grad else None
             grad_w = torch.zeros(w.shape, dtype=torch.float32, device=h.device) if want_grad else None
-            in_place = dtype == torch.float32  # the logits' buffer is the fp32 one; else an fp32 copy per block
+            in_place = dtype == torch.float32  # the logits' buffer is the fp32 one; else a second, fp32 buffer
             buffer = torch.empty((min(chunk, N), w.shape[0]), dtype=dtype, device=h.device)
+            wide = None if in_place else torch.empty((min(chunk, N), V), dtype=torch.float32, device=h.device)
             for i in range(0, N, chunk):
                 x = h[i : i + chunk].to(dtype)
                 t = targets[i : i + chunk, None]
                 raw = torch.mm(x, w.t(), out=buffer[: x.shape[0]])  # padded columns are 0: zero rows of w
-                z = raw[:, :V] if in_place else raw[:, :V].float()
+                z = raw[:, :V] if in_place else wide[: x.shape[0]].copy_(raw[:, :V])
                 z.sub_(z.amax(1, keepdim=True))  # shifted: the log-sum-exp is then log(sum(exp(z)))
                 total -= z.gather(1, t).sum()
                 z.exp_()
@@ -60,9 +62,8 @@ class ChunkedCrossEntropy(torch.autograd.Function):
                             grad_h[i : i + chunk] = g @ w
                         grad_w.addmm_(g.t(), x)
                     else:
-                        g = z.to(dtype)
-                        if w.shape[0] > V:
-                            g = F.pad(g, (0, w.shape[0] - V))
+                        raw[:, :V].copy_(z)  # the logits' own buffer takes their gradient (padded columns stay 0)
+                        g = raw
                         grad_h[i : i + chunk] = g @ w
                         grad_w += g.t() @ x
         if want_grad:
