@@ -55,6 +55,9 @@ CANDIDATES = {
     "t128-tables1e-2": ("t128's shape with the AdamW groups (the two tables, the head, the norms) at a peak of 1e-2 and "
                         "Muon's matrices kept at 6e-3: per-group rates", {"lr": 1e-2, "muon_lr": 6e-3, "model": {"block_size": 128},
                                                                           "seq_len": 128, "batch_size": 32}),
+    "t128-fast": ("t128's settings after a bf16 step on a CPU came to compute attention in plain products and the "
+                  "loss's float32 block in a kept buffer: the same model and recipe, more steps in the same minutes",
+                  {"model": {"block_size": 128}, "seq_len": 128, "batch_size": 32}),
     "peer": ("nanoGPT's recipe on the shape of now: AdamW β 0.9/0.95, warm-up into cosine (andrea's v2, lr 2e-3)",
              {"recipe": "v2", **CONTEXT_256}),
 }
