@@ -67,12 +67,13 @@ def test_a_request_is_split_as_the_harness_splits_it_and_scored_from_the_models_
 
 
 def harness(model: str, model_args: dict) -> dict:
-    lm_eval = pytest.importorskip("lm_eval")
-    from lm_eval.tasks import TaskManager
+    """The harness run as benchmarks/bench_lm_eval.py runs it, its output without the seconds."""
+    pytest.importorskip("lm_eval")
+    if str(ROOT / "benchmarks") not in sys.path:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_lm_eval import harness as the_benchmarks
 
-    return lm_eval.simple_evaluate(model=model, model_args=model_args, tasks=["andrea_lesson_mc", "andrea_lesson_gen"],
-                                   task_manager=TaskManager(include_path=str(TASKS)), batch_size=1, device="cpu",
-                                   log_samples=True)
+    return the_benchmarks(model, model_args)[0]
 
 
 def check_against_andrea(out: dict, own_mc: dict, own_gen: dict) -> None:
