@@ -19,6 +19,7 @@ from andrea.cache import shards_dir, tokenizers_dir
 from andrea.checkpoint import load_checkpoint, load_model
 from andrea.config import N_SPECIAL, ModelConfig, get_preset
 from andrea.corpus.registry import DEFAULT_SOURCE_NAMES, fetch_default_corpus, source_key
+from andrea.decoding import CHAT_TEMPERATURE, CHAT_TOP_K
 from andrea.decoding.generate import TextGenerator
 from andrea.errors import AndreaError
 from andrea.evaluate import final_evaluation, token_byte_lengths
@@ -247,11 +248,11 @@ def run_main_job(job: MainJob, log=print) -> dict:
     samples = []
     for i, prompt in enumerate(PROMPTS[: job.samples]):
         greedy = generator.generate(prompt, max_new_tokens=60, greedy=True)
-        sampled = generator.generate(prompt, max_new_tokens=60, temperature=0.8, top_k=40, seed=i)
+        sampled = generator.generate(prompt, max_new_tokens=60, temperature=CHAT_TEMPERATURE, top_k=CHAT_TOP_K, seed=i)
         samples.append({"prompt": prompt, "greedy": greedy, "sampled": sampled,
                         "greedy_repeated_4grams": repeated_ngram_share(prompt + greedy),
                         "sampled_repeated_4grams": repeated_ngram_share(prompt + sampled)})
-    chat = generator.chat(max_new_tokens=60, temperature=0.8, top_k=40, seed=0)
+    chat = generator.chat(max_new_tokens=60, seed=0)  # andrea chat's own sampling
     exchange = []
     for line in CHAT_LINES:
         reply = "".join(chat.reply(line))

@@ -22,11 +22,12 @@ candidate tried under `--out`, whichever call ran it.
     .venv/bin/python benchmarks/bench_candidates.py --candidates now --seeds 1337          # one run, 15 minutes
     .venv/bin/python benchmarks/bench_candidates.py --candidates now t128 peer --seeds 1337 1338 1339
     .venv/bin/python benchmarks/bench_candidates.py --table                                 # every run kept, no training
-    .venv/bin/python benchmarks/bench_candidates.py --rechat                                # the chat again, every kept run
+    .venv/bin/python benchmarks/bench_candidates.py --rechat "at temperature 1.0"            # the chat again, every kept run
 
-`--rechat` measures the chat of every kept run again with andrea's current `andrea chat` (after a
-change to the turn format, as when chat prompts came to end at `<`), keeping the first figure as
-`chat_before`, which the table shows beside it.
+`--rechat WHAT` measures the chat of every kept run again with andrea's current `andrea chat` (after a
+change to the turn format, as when chat prompts came to end at `<`, or to its sampling), keeping
+each earlier figure in `chat_history` under WHAT, the words that say how it was measured; the table
+shows them beside the current one.
 """
 
 from __future__ import annotations
@@ -132,11 +133,12 @@ def chat_scores(checkpoint: Path) -> dict:
             "chat_examples": [{"prompt": r["prompt"], "reply": r["reply"][:200]} for r in chat["replies"][:3]]}
 
 
-def rechat(path: Path) -> None:
-    """A kept run's chat measured again with the current turn format; the earlier one is kept as
-    `chat_before` (the first measurement's, not overwritten by a second --rechat)."""
+def rechat(path: Path, before: str) -> None:
+    """A kept run's chat measured again with andrea chat as it is now; the figures it replaces join
+    `chat_history`, labelled `before` (how they were measured), after any earlier ones."""
     r = json.loads(path.read_text())
-    r.setdefault("chat_before", r["chat"])
+    r["chat_history"] = chat_history(r) + [{"before": before, **r["chat"]}]
+    r.pop("chat_before", None)
     r.update(chat_scores(path.parent / "best.safetensors"))
     path.write_text(json.dumps(r, indent=2) + "\n")
 
@@ -160,8 +162,15 @@ def row(r: dict) -> list:
             f"{r['previous']:.2f} / {r['induction']:.2f}", f"{r['all_heads']:+.3f}",
             f"{r['later']:+.3f} ± {r['later_se']:.3f}", count(r["embedding_verdicts"]), count(r["attention_verdicts"]),
             f"{100 * r['chat']['readable']:.0f}% ({100 * r['chat']['turn']:.0f}%)"
-            + (f"; before the turn-format fix {100 * r['chat_before']['readable']:.0f}% "
-               f"({100 * r['chat_before']['turn']:.0f}%)" if "chat_before" in r else "")]
+            + "".join(f"; {h['before']} {100 * h['readable']:.0f}% ({100 * h['turn']:.0f}%)"
+                      for h in chat_history(r))]
+
+
+def chat_history(r: dict) -> list[dict]:
+    """A record's earlier chat figures, oldest first (a record from before chat_history: its chat_before)."""
+    if "chat_before" in r:
+        return [{"before": "before the turn-format fix", **r["chat_before"]}] + r.get("chat_history", [])
+    return r.get("chat_history", [])
 
 
 def mean_row(name: str, runs: list[dict]) -> list:
@@ -234,14 +243,15 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=Path("runs/candidates"), help="the runs' folder (default runs/candidates); "
                     "a run that finished there is reused, and the table shows every run it holds")
     ap.add_argument("--table", action="store_true", help="print the table of the runs kept under --out, training nothing")
-    ap.add_argument("--rechat", action="store_true", help="measure the chat of every kept run again with andrea's "
-                    "current chat (after a change to the turn format), then print the table")
+    ap.add_argument("--rechat", metavar="WHAT", help="measure the chat of every kept run again with andrea's current "
+                    "chat (after a change to its turn format or its sampling), keeping the earlier figures under WHAT "
+                    "(how they were measured, e.g. \"at temperature 1.0\"), then print the table")
     args = ap.parse_args(argv)
     t0 = time.time()
     try:
         if args.rechat:
             for path in sorted(args.out.glob("*/candidate.json")):
-                rechat(path)
+                rechat(path, args.rechat)
         elif not args.table:
             for name in args.candidates:
                 for seed in args.seeds:

@@ -2,7 +2,7 @@
 
 Each of PROMPTS is sent, as the first line of a new conversation, to `andrea chat`'s own code
 (`andrea.decoding.generate.Chat`, which `andrea serve`'s chat completions share through
-`chat_prompt_ids`) with its defaults: temperature 1.0, no top-k or top-p, at most 256 new tokens.
+`chat_prompt_ids`) with its defaults (`andrea.decoding`'s CHAT_TEMPERATURE and CHAT_TOP_K), at most 256 new tokens.
 Once per seed. A reply is empty when it holds nothing but spaces; it ends at the turn's end when
 the model wrote a newline (the turn format's end of a reply), at BOS, or at the length limit; it
 is readable when it has 3 words or more, ends at the turn and repeats no 4 words of the prompt.
@@ -100,20 +100,24 @@ def readable(r: dict) -> bool:
 
 
 def parse_sampling(text: str) -> dict:
-    """`default` -> {} (andrea chat's own settings); "T[,K[,P]]" -> temperature, top_k, top_p, - for none."""
+    """`default` -> {} (andrea chat's own settings); "T[,K[,P]]" -> temperature, top_k, top_p, where
+    a K or P left out or given as - is none (every token), not andrea chat's default."""
     if text == "default":
         return {}
     parts = text.split(",")
     if not 1 <= len(parts) <= 3:
         raise ValueError(f"--sampling {text!r}: give default or T[,K[,P]]")
+    parts += ["-"] * (3 - len(parts))
     keys, kinds = ("temperature", "top_k", "top_p"), (float, int, float)
-    return {k: kind(v) for k, kind, v in zip(keys, kinds, parts) if v != "-"}
+    return {k: None if v == "-" else kind(v) for k, kind, v in zip(keys, kinds, parts)}
 
 
 def describe(sampling: dict) -> str:
     if not sampling:
-        return "andrea chat's defaults (temperature 1.0, no top-k or top-p)"
-    return ", ".join(f"{k.replace('_', '-')} {v:g}" for k, v in sampling.items())
+        from andrea.decoding import CHAT_TEMPERATURE, CHAT_TOP_K
+
+        return f"andrea chat's defaults (temperature {CHAT_TEMPERATURE:g}, top-k {CHAT_TOP_K})"
+    return ", ".join(f"{k.replace('_', '-')} {'none' if v is None else format(v, 'g')}" for k, v in sampling.items())
 
 
 def corpus_first_replies(split: str = "train") -> dict:
@@ -149,10 +153,11 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", nargs="+", type=int, default=list(SEEDS), help="sampling seeds (default 1 2 3)")
     ap.add_argument("--max-new-tokens", type=int, default=MAX_NEW_TOKENS, help="the length limit (default 256, "
                     "andrea chat's)")
-    ap.add_argument("--examples", type=int, default=4, help="replies shown per checkpoint (default 4)")
+    ap.add_argument("--examples", type=int, default=4, help="replies shown per checkpoint (default 4; 0: none)")
     ap.add_argument("--sampling", nargs="+", default=["default"], metavar="T[,K[,P]]",
                     help="sampling settings to measure each checkpoint under: `default` (andrea chat's own) or "
-                         "temperature,top-k,top-p with - for none, e.g. 0.8,40 or 0.7,-,0.9 (default: default)")
+                         "temperature,top-k,top-p, a top-k or top-p left out or - being none, e.g. 1.0 or 0.7,-,0.9 "
+                         "(default: default)")
     args = ap.parse_args(argv)
     try:
         given = [c.partition("=") if "=" in c else (c, "", c) for c in args.checkpoint or [str(newest_main_run())]]
@@ -185,7 +190,7 @@ def main(argv=None) -> int:
     own = corpus_first_replies()
     print(f"\nThe corpus's own: of chitchat's {own['n']:,} training conversations that open with a line of 3 words or "
           f"more, {100 * own['readable']:.0f}% answer it readably by the same rule ({own['words']:.1f} words per reply).")
-    for label, r in results:
+    for label, r in results if args.examples else ():
         print(f"\nThe first {args.examples} replies of {label} (seed {args.seeds[0]}):\n\n```text")
         for rep in r["replies"][: args.examples]:
             text = rep["reply"] if len(rep["reply"]) <= 300 else rep["reply"][:297] + "..."

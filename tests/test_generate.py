@@ -519,6 +519,29 @@ def test_cli_chat_from_a_pipe(ckpt, capsys, monkeypatch):
     assert lines[:2] == ["< " + "".join(chat.reply("hello there")), "< " + "".join(chat.reply("how are you"))]
 
 
+def test_chat_samples_at_its_own_settings_and_generate_at_the_models_distribution(ckpt, capsys, monkeypatch):
+    """`andrea chat` and Chat sample at temperature CHAT_TEMPERATURE among the CHAT_TOP_K most likely
+    tokens unless told otherwise (what bench_chat.py measured readable); `andrea generate` keeps
+    temperature 1 over every token. The CLI's replies are the library's at those settings, and
+    differ from replies over every token."""
+    from andrea.cli import build_parser
+    from andrea.decoding import CHAT_TEMPERATURE, CHAT_TOP_K
+
+    parser = build_parser()
+    chat_args = parser.parse_args(["chat", "--checkpoint", "x"])
+    generate_args = parser.parse_args(["generate", "--checkpoint", "x"])
+    assert (chat_args.temperature, chat_args.top_k) == (CHAT_TEMPERATURE, CHAT_TOP_K) == (0.8, 40)
+    assert (generate_args.temperature, generate_args.top_k) == (1.0, None)
+    lines = [f"line {i}" for i in range(8)]
+    monkeypatch.setattr(sys, "stdin", io.StringIO("".join(f"{line}\n" for line in lines)))
+    code, out, _ = run(capsys, "chat", "--checkpoint", ckpt, "--max-new-tokens", "8", "--seed", "3")
+    assert code == 0
+    explicit = andrea.load(ckpt).chat(max_new_tokens=8, seed=3, temperature=0.8, top_k=40)
+    assert out.split("\n")[:-1] == ["< " + "".join(explicit.reply(line)) for line in lines]
+    everything = andrea.load(ckpt).chat(max_new_tokens=8, seed=3, temperature=1.0, top_k=None)
+    assert out.split("\n")[:-1] != ["< " + "".join(everything.reply(line)) for line in lines]
+
+
 @pytest.mark.parametrize("stdin, replies", [("one\n/quit\ntwo\n", 1), ("one\ntwo", 2), ("", 0)],
                          ids=["quit", "no-final-newline", "empty"])
 def test_cli_chat_stops_where_the_input_says(ckpt, capsys, monkeypatch, stdin, replies):

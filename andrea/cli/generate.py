@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from andrea.cli.common import MAX_PROMPT_BYTES, read_stdin
+from andrea.decoding import CHAT_TEMPERATURE, CHAT_TOP_K
 from andrea.errors import AndreaError
 from andrea.validate import MAX_SEED, flag_number
 
@@ -83,11 +84,14 @@ def cmd_chat(args) -> int:
     return 0
 
 
-def _add_sampling_args(p) -> None:
+def _add_sampling_args(p, temperature: float = 1.0, top_k: int | None = None) -> None:
     p.add_argument("--checkpoint", required=True, help="a checkpoint file or a run folder (best, else latest)")
     p.add_argument("--max-new-tokens", type=flag_number(int, 1, 1_000_000), default=256, help="most tokens to generate (default 256)")
-    p.add_argument("--temperature", type=flag_number(float, 0, 1_000), default=1.0, help="divide the logits by T before sampling; 0 is greedy (default 1.0)")
-    p.add_argument("--top-k", type=flag_number(int, 1, 10_000_000), default=None, help="sample only among the K most likely tokens")
+    p.add_argument("--temperature", type=flag_number(float, 0, 1_000), default=temperature,
+                   help=f"divide the logits by T before sampling; 0 is greedy (default {temperature:g})")
+    p.add_argument("--top-k", type=flag_number(int, 1, 10_000_000), default=top_k,
+                   help="sample only among the K most likely tokens" + (f" (default {top_k}; V or more: every token)"
+                                                                         if top_k else ""))
     p.add_argument("--top-p", type=flag_number(float, 0, 1, lo_open=True), default=None, help="sample only among the most likely tokens holding probability P (0 < P <= 1)")
     p.add_argument("--seed", type=flag_number(int, 0, MAX_SEED), default=None, help="seed of the sampler: the same seed gives the same text")
     p.add_argument("--greedy", action="store_true", help="always take the most likely token")
@@ -107,6 +111,7 @@ def register(sub) -> None:
     p = sub.add_parser("chat", help="talk with a model, one line each, in ANDREA's `> ` / `< ` turn format",
                        description="Read a line, print the model's one-line answer after `< `, repeat. The history "
                                    "stays within the context (the oldest turns are dropped). An empty line, /quit or "
-                                   "end of input ends the chat.")
-    _add_sampling_args(p)
+                                   "end of input ends the chat. It samples at temperature "
+                                   f"{CHAT_TEMPERATURE:g} among the {CHAT_TOP_K} most likely tokens unless told otherwise.")
+    _add_sampling_args(p, CHAT_TEMPERATURE, CHAT_TOP_K)
     p.set_defaults(func=cmd_chat)

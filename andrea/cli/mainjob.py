@@ -4,6 +4,7 @@ module is not named `main` so that it never shadows `andrea.cli.main`, the entry
 from __future__ import annotations
 
 from andrea.cli.common import MAX_SEGMENTS
+from andrea.decoding import CHAT_TEMPERATURE, CHAT_TOP_K
 from andrea.validate import MAX_SEED, flag_number
 
 
@@ -27,10 +28,10 @@ def cmd_main(args) -> int:
           f"already seen earlier in it")
     for s in summary["samples"]:
         for kind in ("greedy", "sampled"):
-            label = "greedy" if kind == "greedy" else "sampled (temperature 0.8, top-k 40)"
+            label = "greedy" if kind == "greedy" else f"sampled (temperature {CHAT_TEMPERATURE:g}, top-k {CHAT_TOP_K})"
             text = (s["prompt"] + s[kind]).replace("\n", "\n    ")
             print(f"  {label}, repeated 4-grams {100 * s[kind + '_repeated_4grams']:.0f}%:\n    {text}")
-    print("  a chat in andrea chat's turn format (temperature 0.8, top-k 40):")
+    print(f"  a chat in andrea chat's turn format (temperature {CHAT_TEMPERATURE:g}, top-k {CHAT_TOP_K}):")
     for turn in summary["chat"]:
         cut = " [the length limit]" if turn["ended"] == "limit" else ""
         print(f"    > {turn['line']}\n    < {turn['reply']}{cut}")

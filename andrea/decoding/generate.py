@@ -33,6 +33,7 @@ import torch
 
 from andrea.checkpoint import load_model
 from andrea.config import BOS
+from andrea.decoding import CHAT_TEMPERATURE, CHAT_TOP_K
 from andrea.decoding.plan import MODES, DecodePlan
 from andrea.errors import AndreaError
 from andrea.validate import check_seed
@@ -326,8 +327,9 @@ class Chat:
     the context.
     """
 
-    def __init__(self, generator: TextGenerator, max_new_tokens: int = 256, temperature: float = 1.0,
-                 top_k: int | None = None, top_p: float | None = None, seed: int | None = None, greedy: bool = False):
+    def __init__(self, generator: TextGenerator, max_new_tokens: int = 256, temperature: float = CHAT_TEMPERATURE,
+                 top_k: int | None = CHAT_TOP_K, top_p: float | None = None, seed: int | None = None,
+                 greedy: bool = False):
         check_sampling(max_new_tokens, temperature, top_k, top_p)
         self.generator = generator
         self.max_new_tokens = max_new_tokens
