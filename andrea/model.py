@@ -148,10 +148,11 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     """Causal attention of a window (B, nh, T, hs): SDPA, except while a CPU trains in bfloat16
     at T ≤ PLAIN_ATTENTION_MAX_T, where softmax(q·kᵀ/√hs)·v runs in plain products (the scores'
     softmax in float32, as SDPA's kernel computes it). There SDPA's CPU backward is the slow
-    part of the step, and at longer windows the float32 scores make plain products the slower:
-    `benchmarks/bench_train.py --bf16` times the step in the other kernel beside the chosen one
-    (BENCHMARKS "Training step against transformers' GPT-2"). Float32, longer windows, GPUs and
-    every pass without gradients (evaluation, decoding) keep SDPA."""
+    part of the step: `benchmarks/bench_train.py --bf16` times the step in the other kernel
+    beside the chosen one (BENCHMARKS "Training step against transformers' GPT-2", at the main
+    job's 128). Longer windows keep SDPA, whose memory stays linear in T where the plain
+    products' float32 scores grow as T²; so do float32, GPUs and every pass without gradients
+    (evaluation, decoding)."""
     T = q.shape[2]
     plain = (q.device.type == "cpu" and q.dtype == torch.bfloat16 and T <= PLAIN_ATTENTION_MAX_T
              and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
