@@ -54,17 +54,16 @@ class ChunkedCrossEntropy(torch.autograd.Function):
                     z.div_(sums)  # the softmax
                     z.scatter_add_(1, t, torch.full(t.shape, -1.0, dtype=z.dtype, device=z.device))
                     z.div_(N)
-                    if in_place:
-                        g = raw  # the padded columns stay 0
-                        if grad_h.dtype == dtype:
-                            torch.mm(g, w, out=grad_h[i : i + chunk])
-                        else:
-                            grad_h[i : i + chunk] = g @ w
-                        grad_w.addmm_(g.t(), x)
+                    if not in_place:
+                        raw[:, :V].copy_(z)  # the logits' own buffer takes their gradient
+                    g = raw  # the padded columns stay 0
+                    if grad_h.dtype == dtype:
+                        torch.mm(g, w, out=grad_h[i : i + chunk])
                     else:
-                        raw[:, :V].copy_(z)  # the logits' own buffer takes their gradient (padded columns stay 0)
-                        g = raw
                         grad_h[i : i + chunk] = g @ w
+                    if in_place:
+                        grad_w.addmm_(g.t(), x)
+                    else:  # a product below float32, summed into the float32 gradient
                         grad_w += g.t() @ x
         if want_grad:
             ctx.save_for_backward(grad_h, grad_w[:V].to(weight.dtype))
