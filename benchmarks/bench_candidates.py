@@ -43,24 +43,34 @@ from pathlib import Path
 from common import load_average, machine_line, md_table, say
 
 # name -> (what it changes, MainJob fields). Every candidate tried stays here, chosen or not, so
-# the table can be remade from the runs it names.
-CONTEXT_256 = {"model": {"block_size": 256}, "seq_len": 256, "batch_size": 16}  # the main job's shape before t128
+# the table can be remade from the runs it names; each names its width, so that a later change of
+# andrea-cpu's own does not change what a kept row ran.
+W256 = {"n_embd": 256, "n_head": 8}  # andrea-cpu's width before d128
+W128 = {"n_embd": 128, "n_head": 4}
+T128 = {"model": {"block_size": 128, **W256}, "seq_len": 128, "batch_size": 32}
+CONTEXT_256 = {"model": {"block_size": 256, **W256}, "seq_len": 256, "batch_size": 16}  # the main job's shape before t128
 CANDIDATES = {
     "now": ("andrea-cpu as the main job trained it before this choice (d 256, 4 blocks of 8 heads, context 256, "
             "16 × 256, v3 at lr 6e-3)", CONTEXT_256),
     "t128": ("context 128 at 32 × 128: the same tokens a step, attention half as long, positions learned over 128 rows "
-             "(chosen: the main job's shape since)", {"model": {"block_size": 128}, "seq_len": 128, "batch_size": 32}),
+             "(chosen: the main job's context since)", T128),
     "lr1e-2": ("v3's peak learning rate 1e-2 for every group (6e-3 now), at context 256", {"lr": 1e-2, **CONTEXT_256}),
-    "t128-lr1e-2": ("t128's shape with v3's peak learning rate 1e-2 for every group (6e-3 in t128)",
-                    {"lr": 1e-2, "model": {"block_size": 128}, "seq_len": 128, "batch_size": 32}),
+    "t128-lr1e-2": ("t128's shape with v3's peak learning rate 1e-2 for every group (6e-3 in t128)", {"lr": 1e-2, **T128}),
     "t128-tables1e-2": ("t128's shape with the AdamW groups (the two tables, the head, the norms) at a peak of 1e-2 and "
-                        "Muon's matrices kept at 6e-3: per-group rates", {"lr": 1e-2, "muon_lr": 6e-3, "model": {"block_size": 128},
-                                                                          "seq_len": 128, "batch_size": 32}),
+                        "Muon's matrices kept at 6e-3: per-group rates", {"lr": 1e-2, "muon_lr": 6e-3, **T128}),
     "t128-fast": ("t128's settings after a bf16 step on a CPU came to compute attention in plain products and the "
                   "loss's float32 block in a kept buffer: the same model and recipe, more steps in the same minutes",
-                  {"model": {"block_size": 128}, "seq_len": 128, "batch_size": 32}),
+                  T128),
+    "d192": ("narrower: d 192 in 4 blocks of 6 heads (head size 32 as before) at t128's context and batch; the head and "
+             "the blocks take 0.58× the FLOPs a token, so about 1.7× the tokens in the same minutes",
+             {**T128, "model": {"block_size": 128, "n_embd": 192, "n_head": 6}}),
+    "d128": ("narrower still: d 128 in 4 blocks of 4 heads (head size 32) at t128's context and batch; 0.36× the FLOPs "
+             "a token, about 2.8× the tokens in the same minutes (chosen: andrea-cpu's width since)",
+             {**T128, "model": {"block_size": 128, **W128}}),
     "peer": ("nanoGPT's recipe on the shape of now: AdamW β 0.9/0.95, warm-up into cosine (andrea's v2, lr 2e-3)",
              {"recipe": "v2", **CONTEXT_256}),
+    "peer-d128": ("nanoGPT's recipe (v2, lr 2e-3) on d128's shape: the peer at the width andrea chose, same context, "
+                  "batch and minutes", {"recipe": "v2", **T128, "model": {"block_size": 128, **W128}}),
 }
 
 
@@ -198,6 +208,8 @@ def report(records: list[dict], minutes_this_call: float) -> None:
     from bench_chat import corpus_first_replies
 
     first = records[0]
+    bands = {r["shape"]["d"]: r["band"] for r in records}
+    goals = ", ".join(f"{b:.3f} at d {d}" for d, b in sorted(bands.items(), reverse=True))
     print("## Candidates for the main job at equal wall time (`bench_candidates.py`)\n")
     print(machine_line() + "\n")
     print(f"Each row is `andrea main` for {first['minutes']:g} minutes with one candidate's settings "
@@ -207,7 +219,7 @@ def report(records: list[dict], minutes_this_call: float) -> None:
           "(AVX2): oneDNN and ATen limited to AVX2, where bf16 is emulated and the step runs in float32). "
           "Validation: bits per byte of the best checkpoint on all held-out text, ± its standard error. Pairs: "
           "cat·dog / cat·pet / the largest unrelated pair, centred cosines of the input table; margin: the lesser "
-          f"related less the largest unrelated (goal 3/√d = {first['band']:.3f}). WordSim / SimLex: Spearman ρ on "
+          f"related less the largest unrelated (goal 3/√d: {goals}). WordSim / SimLex: Spearman ρ on "
           "the centred table (PPMI on the same tokens in brackets). Prev / ind: the best previous-token and induction "
           "head scores on the repeated random probe (`andrea lesson attention` step 5; present above 0.3). All heads: "
           "bits per byte lost with every head removed at once. Later: early minus late loss in nats per token. "

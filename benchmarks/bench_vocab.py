@@ -2,7 +2,7 @@
 
 For every segment count (`--segments`) and seed (`--seeds`), the main job is run as `andrea main
 --segments N --seed S` runs it (the default corpus, its tokenizer fitted with an equal share per
-source, andrea-cpu's body at d 256 with V = N + 257, recipe v3) for the same `--minutes` of
+source, andrea-cpu's body (its width, depth and heads) with V = N + 257, recipe v3) for the same `--minutes` of
 training, one after the other, so each run gets the same wall time on the same machine. Printed per count: the
 model's parameters, the steps and tokens per second it reached, validation bits per byte (all
 sources and each; bits per byte do not depend on the vocabulary), the share of SimLex-999's and
@@ -106,6 +106,14 @@ def ppmi_scores(checkpoint: str, data: str) -> dict:
     return table_scores(report.tables["ppmi"]["centred"])
 
 
+# A record written before records named their body was made on andrea-cpu's body of then.
+BODY_BEFORE = "d 256, 4 layers, 8 heads"
+
+
+def body_of(cfg) -> str:
+    return f"d {cfg.n_embd}, {cfg.n_layer} layers, {cfg.n_head} heads"
+
+
 def run_one(n: int, seed: int, args, out: Path) -> dict:
     from andrea.config import N_SPECIAL, count_params, get_preset
     from andrea.mainjob import MainJob, run_main_job
@@ -119,8 +127,9 @@ def run_one(n: int, seed: int, args, out: Path) -> dict:
                      compile=args.compile, lr=args.lr, muon_lr=args.muon_lr)
     load = load_average()
     summary = run_main_job(job, log=say)
-    params = count_params(get_preset(job.preset).replace(vocab_size=n + N_SPECIAL))
-    r = {"segments": n, "seed": seed, "params": params, "load": load, **{k: summary[k] for k in (
+    body = get_preset(job.preset)
+    params = count_params(body.replace(vocab_size=n + N_SPECIAL))
+    r = {"segments": n, "seed": seed, "params": params, "load": load, "body": body_of(body), **{k: summary[k] for k in (
         "steps", "tokens_per_s", "val_bpb", "val_bpb_se", "val_bpb_by_source", "best_val_bpb", "train_seconds", "best_checkpoint",
         "data")}, **scores(summary["best_checkpoint"])}
     done.write_text(json.dumps(r, indent=2) + "\n")
@@ -225,12 +234,13 @@ def main(argv=None) -> int:
         rows.append([f"{n:,}", "", "PPMI", "", "", "", "", "", "", "", "", f"{p['simlex']['rho']:+.3f}",
                      f"{p['wordsim']['rho']:+.3f}", alone(p), lesson_cos(p), f"{p['gap']:+.3f} / {p['margin']:+.3f}", "", "", ""])
     first = next(iter(results.values()))[0]
+    bodies = sorted({r.get("body", BODY_BEFORE) for runs in results.values() for r in runs})
     print("## The main job's vocabulary at equal wall time (`bench_vocab.py`)\n")
     print(machine_line() + "\n")
     print(f"`andrea main --segments N --minutes {args.minutes:g} --seed S{' --compile' if args.compile else ''}` "
           f"for each N and S, one after the other{rate_note(args)} "
           f"({(time.time() - t0) / 60:.0f} min in all, this call; runs reused from earlier calls count their own time); "
-          f"andrea-cpu's body (d 256, 4 layers, 8 heads), V = N + 257. Validation: bits per byte on every source's "
+          f"andrea-cpu's body ({' / '.join(bodies)}), V = N + 257. Validation: bits per byte on every source's "
           f"held-out text, the final evaluation of the best checkpoint (every source's held-out text whole, each "
           f"source weighed alike; ± its standard error) where the run recorded one, else the last evaluation during training. Single: the share of the set's words that are one token in their "
           f"word-initial form. ρ: Spearman, all pairs (SimLex-999 n {first['simlex']['n']}, null ±"
@@ -242,7 +252,7 @@ def main(argv=None) -> int:
           f"{first['band']:.3f}. Lesson: `andrea lesson`'s verdicts on its steps 5 (pairs) and 6 (scores). Standing alone: ρ over the pairs whose two words are "
           f"single tokens {STANDALONE_RULE} of the run's training text (andrea.usage). Chat: bench_chat.py's share of "
           f"non-empty replies / of replies that end at the turn's end ({CHAT_REPLIES} replies a run). PPMI rows: the "
-          f"count-based reference on the same training tokens, centred, d 256.\n")
+          f"count-based reference on the same training tokens, centred, at the body's d.\n")
     print(md_table(["segments", "V", "seed", "parameters", "steps", "tokens/s", "val bpb", "by source", "SimLex single",
                     "WordSim single", "lesson words single", "SimLex ρ", "WordSim ρ", "SimLex ρ / WordSim ρ, standing alone",
                     "cat·dog / pet / Tuesday / xylophone", "lesson gap / margin", "lesson pairs / scores", "chat",
