@@ -72,8 +72,9 @@ PRESETS: dict[str, ModelConfig] = {
     "andrea-120m": ModelConfig(vocab_size=8449, n_embd=768, n_head=12, n_layer=12, block_size=1024),
     "andrea-480m": ModelConfig(vocab_size=8449, n_embd=1536, n_head=24, n_layer=16, block_size=1024),
     # small models for CPU work: the main job and the experiments
-    # 8,704 segments; context 128, chosen at equal wall time (BENCHMARKS.md, candidates for the main job)
-    "andrea-cpu": ModelConfig(vocab_size=8961, n_embd=256, n_head=8, n_layer=4, block_size=128),
+    # 8,704 segments; width 128 (4 heads of 32) and context 128, chosen at equal wall time
+    # (BENCHMARKS.md, candidates for the main job)
+    "andrea-cpu": ModelConfig(vocab_size=8961, n_embd=128, n_head=4, n_layer=4, block_size=128),
     "andrea-tiny": ModelConfig(vocab_size=2305, n_embd=128, n_head=4, n_layer=2, block_size=128),
 }
 

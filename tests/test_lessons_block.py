@@ -211,7 +211,7 @@ def test_the_blocks_share_comes_from_the_presets_and_a_large_vocabulary_gets_a_c
     s = lesson.step_params(inputs(fresh()))
     assert s.verdict == HOLDS and s.numbers["model"]["total"] == count_params(fresh().config)
     cpu = get_preset("andrea-cpu")
-    assert lesson.block_share(cpu)["blocks"] == 4 * (12 * 256**2 + 4 * 256)
+    assert lesson.block_share(cpu)["blocks"] == 4 * (12 * 128**2 + 4 * 128)
     s = lesson.step_params(inputs(fresh(vocab_size=2000, n_embd=16)))
     assert s.verdict == CAVEAT and "tables hold more" in s.why
     model = fresh()

@@ -6,7 +6,7 @@ earlier snapshot whole. Snapshots are taken at step 0 (the random initialisation
 4, 8, … (log-spaced, where a table changes most), and at every evaluation; once K evaluations
 have been kept, at every 2nd, after K more every 4th, and so on, so a long run's folder grows
 with the logarithm of its length. K follows from the run's disk budget (`snapshot_mb`, 256 MB):
-an eighth of the snapshots the budget holds, between 2 and 48 (andrea-cpu: 10; andrea-120m: 3),
+an eighth of the snapshots the budget holds, between 2 and 48 (andrea-cpu: 18; andrea-120m: 3),
 so that even 1,000 evaluations stay within about the budget.
 
 What a snapshot holds. `rows`: the token ids kept. A small table (V·d ≤ 2²⁰ values) is kept
