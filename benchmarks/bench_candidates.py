@@ -47,7 +47,14 @@ from common import load_average, machine_line, md_table, say
 # andrea-cpu's own does not change what a kept row ran.
 W256 = {"n_embd": 256, "n_head": 8}  # andrea-cpu's width before d128
 W128 = {"n_embd": 128, "n_head": 4}
-T128 = {"model": {"block_size": 128, **W256}, "seq_len": 128, "batch_size": 32}
+
+
+def t128(width: dict) -> dict:
+    """t128's context and batch (32 × 128) at a width: n_embd and n_head."""
+    return {"model": {"block_size": 128, **width}, "seq_len": 128, "batch_size": 32}
+
+
+T128 = t128(W256)
 CONTEXT_256 = {"model": {"block_size": 256, **W256}, "seq_len": 256, "batch_size": 16}  # the main job's shape before t128
 CANDIDATES = {
     "now": ("andrea-cpu as the main job trained it before this choice (d 256, 4 blocks of 8 heads, context 256, "
@@ -63,14 +70,14 @@ CANDIDATES = {
                   T128),
     "d192": ("narrower: d 192 in 4 blocks of 6 heads (head size 32 as before) at t128's context and batch; the head and "
              "the blocks take 0.58× the FLOPs a token, so about 1.7× the tokens in the same minutes",
-             {**T128, "model": {"block_size": 128, "n_embd": 192, "n_head": 6}}),
+             t128({"n_embd": 192, "n_head": 6})),
     "d128": ("narrower still: d 128 in 4 blocks of 4 heads (head size 32) at t128's context and batch; 0.36× the FLOPs "
              "a token, about 2.8× the tokens in the same minutes (chosen: andrea-cpu's width since)",
-             {**T128, "model": {"block_size": 128, **W128}}),
+             t128(W128)),
     "peer": ("nanoGPT's recipe on the shape of now: AdamW β 0.9/0.95, warm-up into cosine (andrea's v2, lr 2e-3)",
              {"recipe": "v2", **CONTEXT_256}),
     "peer-d128": ("nanoGPT's recipe (v2, lr 2e-3) on d128's shape: the peer at the width andrea chose, same context, "
-                  "batch and minutes", {"recipe": "v2", **T128, "model": {"block_size": 128, **W128}}),
+                  "batch and minutes", {"recipe": "v2", **t128(W128)}),
 }
 
 
