@@ -235,6 +235,7 @@ def main(argv=None) -> int:
                      f"{p['wordsim']['rho']:+.3f}", alone(p), lesson_cos(p), f"{p['gap']:+.3f} / {p['margin']:+.3f}", "", "", ""])
     first = next(iter(results.values()))[0]
     bodies = sorted({r.get("body", BODY_BEFORE) for runs in results.values() for r in runs})
+    bands = " / ".join(f"{b:.3f}" for b in sorted({r["band"] for runs in results.values() for r in runs}))
     print("## The main job's vocabulary at equal wall time (`bench_vocab.py`)\n")
     print(machine_line() + "\n")
     print(f"`andrea main --segments N --minutes {args.minutes:g} --seed S{' --compile' if args.compile else ''}` "
@@ -249,7 +250,7 @@ def main(argv=None) -> int:
           f"same table, whose cat·dog / cat·pet / cat·Tuesday / cat·xylophone cos θ are given (xylophone, where it "
           f"is several tokens, as their mean row); margin: the lesser of cat·dog and cat·pet less the greater of the "
           f"unrelated pairs of single tokens (andrea.inside.wordsim.lesson_margin); the target of both is 3/√d = "
-          f"{first['band']:.3f}. Lesson: `andrea lesson`'s verdicts on its steps 5 (pairs) and 6 (scores). Standing alone: ρ over the pairs whose two words are "
+          f"{bands}. Lesson: `andrea lesson`'s verdicts on its steps 5 (pairs) and 6 (scores). Standing alone: ρ over the pairs whose two words are "
           f"single tokens {STANDALONE_RULE} of the run's training text (andrea.usage). Chat: bench_chat.py's share of "
           f"non-empty replies / of replies that end at the turn's end ({CHAT_REPLIES} replies a run). PPMI rows: the "
           f"count-based reference on the same training tokens, centred, at the body's d.\n")
