@@ -8,7 +8,7 @@ a KV cache (`andrea.model`).
 """
 
 # `andrea chat`'s sampling unless told otherwise (Chat's defaults), and the chat the main job shows:
-# the main job's three seeds replied readably to 83, 42 and 45% of bench_chat.py's openings at
+# the main job's three seeds at width 256 replied readably to 83, 42 and 45% of bench_chat.py's openings at
 # temperature 1.0 over every token, and to 98, 73 and 73% at these settings (BENCHMARKS "Chatting
 # with the main job's model"). `andrea serve` keeps OpenAI's default, temperature 1 over every token.
 CHAT_TEMPERATURE, CHAT_TOP_K = 0.8, 40
